@@ -1,0 +1,85 @@
+"""PPO/GRPO clipped policy-gradient loss and the loss aggregation modes."""
+
+import torch
+
+LOSS_AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+
+
+def agg_loss(
+    loss_mat: torch.Tensor,
+    loss_mask: torch.Tensor,
+    loss_agg_mode: str,
+    denominator: float | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reduce a [batch, T] per-token loss to a scalar.
+
+    ``denominator`` replaces the local normaliser (token count, non-empty row count, or mask width for
+    "-norm") so summing the results over micro-batches/ranks with the global normaliser gives the
+    whole-batch aggregate. Empty rows add nothing and are not counted as rows, so they never make NaN.
+    """
+    masked = loss_mat * loss_mask
+    if loss_agg_mode == "token-mean":
+        norm = loss_mask.sum().clamp(min=1) if denominator is None else denominator
+        return masked.sum() / norm
+
+    row_tokens = loss_mask.sum(dim=-1)
+    row_sums = masked.sum(dim=-1)
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return row_sums.sum() / (loss_mask.shape[-1] if denominator is None else denominator)
+    if loss_agg_mode == "seq-mean-token-sum":
+        per_row = row_sums
+    elif loss_agg_mode == "seq-mean-token-mean":
+        per_row = row_sums / row_tokens.clamp(min=1)
+    else:
+        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {list(LOSS_AGG_MODES)}")
+    norm = (row_tokens > 0).sum().clamp(min=1) if denominator is None else denominator
+    return per_row.sum() / norm
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return ((values * mask).sum() / mask.sum().clamp(min=1)).detach()
+
+
+def compute_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate loss with clip-higher bounds and dual clip; all inputs [batch, response_len].
+
+    The ratio is clipped to [1 - low, 1 + high]; for negative advantages the loss is further capped at
+    -A * clip_ratio_c, so one token whose probability exploded cannot dominate the batch.
+    Returns (scalar loss, metrics of 0-dim detached tensors: pg_clipfrac, ppo_kl, pg_clipfrac_lower).
+    """
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1.0, got {clip_ratio_c}")
+    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+
+    neg_kl = (log_prob - old_log_prob).clamp(-20, 20)  # clamp keeps exp() finite
+    ratio = neg_kl.exp()
+    loss1 = -advantages * ratio
+    loss2 = -advantages * ratio.clamp(1 - low, 1 + high)
+    clipped = torch.maximum(loss1, loss2)
+    loss3 = -advantages * clip_ratio_c
+    negative = advantages < 0
+    losses = torch.where(negative, torch.minimum(clipped, loss3), clipped)
+
+    pg_loss = agg_loss(losses, response_mask, loss_agg_mode)
+    metrics = {
+        "pg_clipfrac": _masked_mean((loss2 > loss1).float(), response_mask),
+        "ppo_kl": _masked_mean(-neg_kl, response_mask),
+        "pg_clipfrac_lower": _masked_mean(((clipped > loss3) & negative).float(), response_mask),
+    }
+    return pg_loss, metrics

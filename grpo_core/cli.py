@@ -1,0 +1,167 @@
+"""The ``grpo`` command: train (with --dry-run), plan, prepare, keys.
+
+Every failure a user can cause ends in one clear message and a non-zero exit: 2 for invalid
+configuration or input, 1 for anything else; never a bare traceback.
+"""
+
+import argparse
+import logging
+import sys
+
+from rich.console import Console
+
+from grpo_core.config import ConfigError, iter_settings
+
+EXIT_INVALID = 2
+console = Console()
+err_console = Console(stderr=True)
+
+
+class UserError(Exception):
+    """Invalid input from the user: printed as one line, exit status 2."""
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from grpo_core.trainer.dry_run import render_dry_run, resolve_run
+
+    run = resolve_run(args.config, args.overrides)
+    if run.report.errors:
+        raise ConfigError(run.report.errors, run.report.warnings)
+    if args.dry_run:
+        render_dry_run(run, console)
+        console.print("dry run OK: the configuration is consistent and fits", style="green")
+        return 0
+    err_console.print(
+        "error: the GRPO training loop is not part of this build yet (it needs the Megatron actor); "
+        "use --dry-run to check a configuration"
+    )
+    return 1
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from grpo_core.models import load_model_shape
+    from grpo_core.planning.planner import plan_layout
+
+    if args.gpus < 1 or args.gpu_memory <= 0 or args.seq_len < 1:
+        raise UserError("--gpus, --gpu-memory and --seq-len must be positive")
+    shape = load_model_shape(args.model)
+    plan = plan_layout(shape, args.gpus, args.gpu_memory, args.seq_len, args.gpus_per_node)
+    if plan is None:
+        raise UserError(
+            f"{args.model} ({shape.num_params / 1e9:.1f}B) does not fit on {args.gpus} x {args.gpu_memory:g} GiB "
+            "even with full offload; add GPUs"
+        )
+    layout, opts = plan.layout, plan.options
+    console.print(f"[bold]{args.model}[/] on {args.gpus} x {args.gpu_memory:g} GiB, {args.seq_len} tokens per sequence")
+    console.print(f"layout: {layout.describe()}", markup=False)
+    for reason in plan.reasons:
+        console.print(f"  - {reason}", markup=False)
+    prefix = "actor_rollout_ref.actor.megatron."
+    overrides = [
+        f"{prefix}tensor_model_parallel_size={layout.tp}",
+        f"{prefix}pipeline_model_parallel_size={layout.pp}",
+        f"{prefix}param_offload={str(opts.param_offload).lower()}",
+        f"{prefix}grad_offload={str(opts.grad_offload).lower()}",
+        f"{prefix}optimizer_offload={str(opts.optimizer_offload).lower()}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={plan.micro_batch}",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={plan.rollout_tp}",
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={plan.rollout_utilization}",
+    ]
+    if layout.ep > 1:
+        overrides.append(f"{prefix}expert_model_parallel_size={layout.ep}")
+    first, last = plan.uneven_stages
+    if first:
+        overrides.append(f"+{prefix}override_transformer_config.num_layers_in_first_pipeline_stage={first}")
+        overrides.append(f"+{prefix}override_transformer_config.num_layers_in_last_pipeline_stage={last}")
+    console.print("overrides:\n  " + " \\\n  ".join(overrides), markup=False, highlight=False, soft_wrap=True)
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in plan.estimate.phases.items())
+    console.print(f"estimated GiB per GPU by phase: {phases}", markup=False)
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from grpo_core.data.gsm8k import DataError, prepare_gsm8k
+
+    try:
+        result = prepare_gsm8k(args.source, args.output, force=args.force)
+    except DataError as e:
+        raise UserError(str(e)) from None
+    state = "unchanged input, kept" if result.reused else "written"
+    for split, rows in result.rows.items():
+        skipped = result.skipped.get(split, 0)
+        console.print(f"{split}: {rows} rows ({skipped} skipped: no final answer)", markup=False)
+    console.print(f"{state}: {result.output_dir}", markup=False)
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    for key, f in iter_settings():
+        if args.prefix and not key.startswith(args.prefix):
+            continue
+        default = f.default_factory() if callable(f.default_factory) else f.default
+        kind = f.type.__name__ if isinstance(f.type, type) else str(f.type).replace("typing.", "")
+        choices = f" {list(f.metadata['choices'])}" if f.metadata.get("choices") else ""
+        print(f"{key} ({kind}) = {default!r}: {f.metadata['help']}{choices}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grpo", description="GRPO on megatron-core: prepare, train, evaluate")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train (or check with --dry-run) a configuration")
+    train.add_argument("--config", help="YAML file (configs/*.yaml); defaults apply without one")
+    train.add_argument("--dry-run", action="store_true", help="resolve, check and estimate memory; start nothing")
+    train.add_argument("overrides", nargs="*", metavar="key=value", help="or +key=value (verl's keys)")
+    train.set_defaults(func=cmd_train)
+
+    plan = sub.add_parser("plan", help="recommend TP/PP/EP, offload and micro-batch for a model")
+    plan.add_argument("--model", required=True, help="hub id, local directory, or a model of the built-in table")
+    plan.add_argument("--gpus", type=int, required=True)
+    plan.add_argument("--gpu-memory", type=float, required=True, help="GiB per GPU")
+    plan.add_argument("--seq-len", type=int, default=2048, help="prompt + response tokens")
+    plan.add_argument("--gpus-per-node", type=int, default=8)
+    plan.set_defaults(func=cmd_plan)
+
+    prepare = sub.add_parser("prepare", help="write GSM8K as verl-style parquet")
+    prepare.add_argument("--source", default="openai/gsm8k", help="hub id, local directory, or 'embedded'")
+    prepare.add_argument("--output", default="data/gsm8k", help="output directory")
+    prepare.add_argument("--force", action="store_true", help="rewrite even if the input is unchanged")
+    prepare.set_defaults(func=cmd_prepare)
+
+    keys = sub.add_parser("keys", help="list every config key with its type, default and help")
+    keys.add_argument("prefix", nargs="?", default="", help="only keys starting with this")
+    keys.set_defaults(func=cmd_keys)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from grpo_core.models.shape import ModelShapeError
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    parser = build_parser()
+    # Overrides may come before or after the flags, as in verl's command lines.
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "train" and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        for problem in e.problems:
+            err_console.print(f"error: {problem}", markup=False, highlight=False, soft_wrap=True)
+        for warning in e.warnings:
+            err_console.print(f"warning: {warning}", style="yellow", markup=False, soft_wrap=True)
+        err_console.print(f"{len(e.problems)} problem(s) in the configuration; nothing was started")
+        return EXIT_INVALID
+    except (UserError, ModelShapeError) as e:
+        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        return EXIT_INVALID
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

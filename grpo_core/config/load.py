@@ -1,0 +1,198 @@
+"""Load a YAML config and ``key=value`` overrides into a ``GRPOConfig``.
+
+OmegaConf does the typing and merging. This module adds what users of verl's guide expect on top:
+the guide's alternative spellings (aliases), "did you mean" for unknown keys, every problem reported
+at once with its file and line (or the override that caused it), and Hydra's ``+key=value`` rule for
+adding keys to free-form sections.
+"""
+
+import difflib
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from grpo_core.config.schema import FREE_FORM_KEYS, GRPOConfig, iter_settings
+
+ALIASES = {
+    "algorithm.group_size": "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.actor.kl_coeff": "actor_rollout_ref.actor.kl_loss_coef",
+    "actor_rollout_ref.actor.gradient_clipping": "actor_rollout_ref.actor.grad_clip",
+}
+"""The guide's spellings -> verl's keys. Both are accepted; setting both differently in one place is an error."""
+
+SETTINGS = dict(iter_settings())
+SECTIONS = {key.rsplit(".", i)[0] for key in SETTINGS for i in range(1, key.count(".") + 1)}
+
+
+class ConfigError(Exception):
+    """Every problem found in a configuration; the CLI prints them and exits with status 2."""
+
+    def __init__(self, problems: list[str], warnings: list[str] = ()):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+        self.warnings = list(warnings)
+
+
+@dataclass
+class _Value:
+    """One user-given setting and where it came from, for error messages."""
+
+    key: str
+    value: Any
+    where: str
+    add: bool = False  # given as +key=value
+
+
+def _is_free_form(key: str) -> bool:
+    parts = key.split(".")
+    return any(p in FREE_FORM_KEYS for p in parts[:-1])
+
+
+def _flatten(tree: Any, prefix: str = "", whole_dicts: bool = True) -> dict[str, Any]:
+    """Nested mapping -> {dotted key: leaf}. Lists and scalars are leaves; with ``whole_dicts`` so are
+    the values of dict-typed settings (a file may fill them freely, an override must use +key)."""
+    at_setting = whole_dicts and prefix.rstrip(".") in SETTINGS
+    if not isinstance(tree, dict) or at_setting:
+        return {prefix.rstrip("."): tree}
+    flat: dict[str, Any] = {}
+    for k, v in tree.items():
+        flat.update(_flatten(v, f"{prefix}{k}.", whole_dicts))
+    return flat
+
+
+def _line_numbers(text: str) -> dict[str, int]:
+    """Dotted key -> 1-based line of that key in a YAML document."""
+    lines: dict[str, int] = {}
+
+    def walk(node: yaml.Node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                key = f"{prefix}{key_node.value}"
+                lines[key] = key_node.start_mark.line + 1
+                walk(value_node, key + ".")
+
+    root = yaml.compose(text)
+    if root is not None:
+        walk(root, "")
+    return lines
+
+
+def _read_yaml(path: Path) -> list[_Value]:
+    if not path.is_file():
+        raise ConfigError([f"{path}: config file not found"])
+    text = path.read_text()
+    try:
+        tree = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError([f"{where}: malformed YAML: {getattr(e, 'problem', None) or e}"]) from None
+    if not isinstance(tree, dict):
+        raise ConfigError([f"{path}: the top level must be a mapping of sections, got {type(tree).__name__}"])
+    lines = _line_numbers(text)
+    return [_Value(k, v, f"{path}:{lines.get(k, 1)}") for k, v in _flatten(tree).items()]
+
+
+def _read_overrides(overrides: list[str]) -> tuple[list[_Value], list[str]]:
+    values, problems = [], []
+    for raw in overrides:
+        key, sep, _ = raw.partition("=")
+        if not sep or not key.lstrip("+"):
+            problems.append(f"override {raw!r}: expected key=value or +key=value")
+            continue
+        try:
+            parsed = OmegaConf.to_container(OmegaConf.from_dotlist([raw.lstrip("+")]))
+        except OmegaConfBaseException as e:
+            problems.append(f"override {raw!r}: {str(e).splitlines()[0]}")
+            continue
+        for k, v in _flatten(parsed, whole_dicts=False).items():
+            values.append(_Value(k, v, f"override {raw!r}", add=raw.startswith("+")))
+    return values, problems
+
+
+def _resolve_aliases(values: list[_Value]) -> tuple[list[_Value], list[str]]:
+    """Rename the guide's spellings to verl's keys; within one source both spellings must agree."""
+    problems = []
+    by_key = {v.key: v for v in values}
+    for alias, canonical in ALIASES.items():
+        if alias not in by_key:
+            continue
+        a = by_key.pop(alias)
+        c = by_key.get(canonical)
+        if c is not None and c.value != a.value:
+            problems.append(
+                f"{a.where}: {alias}={a.value} conflicts with {canonical}={c.value} ({c.where}); "
+                "they are the same setting, give one"
+            )
+        by_key[canonical] = _Value(canonical, a.value, a.where)
+    return list(by_key.values()), problems
+
+
+def _unknown_key_message(v: _Value) -> str:
+    if v.key in SECTIONS:
+        return f"{v.where}: '{v.key}' is a section, not a value; set its keys ({v.key}.<key>=...)"
+    guesses = difflib.get_close_matches(v.key, list(SETTINGS) + list(ALIASES), n=2, cutoff=0.75)
+    hint = "; did you mean " + " or ".join(f"'{g}'" for g in guesses) + "?" if guesses else ""
+    return f"{v.where}: unknown key '{v.key}'{hint}"
+
+
+def _apply(cfg: Any, v: _Value, from_file: bool) -> str | None:
+    """Set one value on the structured config; returns a problem or None."""
+    field = SETTINGS.get(v.key)
+    if field is None and not _is_free_form(v.key):
+        return _unknown_key_message(v)
+    if field is None and not (v.add or from_file) and OmegaConf.select(cfg, v.key) is None:
+        return f"{v.where}: '{v.key}' is not set yet; add new keys with +{v.key}=..."
+    value = v.value
+    if field is not None and typing.get_origin(field.type) is list and isinstance(value, str):
+        value = [value]  # data.train_files=one.parquet, as in verl's examples
+    try:
+        OmegaConf.update(cfg, v.key, value, merge=True)
+    except OmegaConfBaseException as e:
+        expected = getattr(field, "type", "value")
+        reason = str(e).splitlines()[0]
+        return f"{v.where}: {v.key}={value!r} is not a valid {_type_name(expected)} ({reason})"
+    return None
+
+
+def _type_name(t: Any) -> str:
+    return getattr(t, "__name__", None) or str(t).replace("typing.", "")
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> GRPOConfig:
+    """Defaults <- YAML file <- overrides, typed by the schema. Raises ConfigError with every problem."""
+    problems: list[str] = []
+    sources: list[tuple[list[_Value], bool]] = []
+    if path is not None:
+        file_values, alias_problems = _resolve_aliases(_read_yaml(Path(path)))
+        problems += alias_problems
+        sources.append((file_values, True))
+    override_values, override_problems = _read_overrides(list(overrides))
+    problems += override_problems
+    override_values, alias_problems = _resolve_aliases(override_values)
+    problems += alias_problems
+    sources.append((override_values, False))
+
+    cfg = OmegaConf.structured(GRPOConfig)
+    for values, from_file in sources:
+        for v in values:
+            problem = _apply(cfg, v, from_file)
+            if problem:
+                problems.append(problem)
+    if problems:
+        raise ConfigError(problems)
+    return OmegaConf.to_object(cfg)
+
+
+def to_yaml(cfg: GRPOConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_flat_dict(cfg: GRPOConfig) -> dict[str, Any]:
+    """Dotted key -> value, e.g. for MLflow params."""
+    return _flatten(OmegaConf.to_container(OmegaConf.structured(cfg)))

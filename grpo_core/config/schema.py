@@ -1,0 +1,235 @@
+"""The typed configuration tree.
+
+Key names follow verl's (``data``, ``actor_rollout_ref.{model,actor,ref,rollout}``, ``algorithm``,
+``trainer``), so command lines from verl's GRPO + Megatron guide work unchanged. Every leaf has a default
+and a one-line help text (``grpo keys`` prints them). YAML files under ``configs/`` only set values;
+a new setting is a field here, a variant is a YAML file. Cross-field rules live in ``validate.py``.
+"""
+
+from copy import deepcopy
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any
+
+
+def setting(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    """A config field with its help text (and, for enums, the valid values) kept next to the default."""
+    meta = {"help": help, "choices": choices}
+    if is_dataclass(default) or isinstance(default, list | dict):
+        return field(default_factory=lambda: deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def section(cls: type, help: str) -> Any:
+    return field(default_factory=cls, metadata={"help": help, "choices": None})
+
+
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = setting(["data/gsm8k/train.parquet"], "prepared training parquet file(s)")
+    val_files: list[str] = setting(["data/gsm8k/test.parquet"], "prepared validation parquet file(s)")
+    prompt_key: str = setting("prompt", "column holding the chat messages of the prompt")
+    max_prompt_length: int = setting(512, "prompt tokens kept; longer prompts follow `truncation`")
+    max_response_length: int = setting(1024, "most tokens generated per response")
+    train_batch_size: int = setting(1024, "prompts sampled per training step (each gets `rollout.n` responses)")
+    val_batch_size: int | None = setting(None, "prompts per validation batch (null: the whole set at once)")
+    shuffle: bool = setting(True, "shuffle the training prompts every epoch")
+    seed: int = setting(1, "seed of the prompt sampler")
+    filter_overlong_prompts: bool = setting(True, "drop prompts longer than max_prompt_length up front")
+    truncation: str = setting(
+        "error", "what to do with a prompt over max_prompt_length", ("error", "left", "right", "middle")
+    )
+
+
+@dataclass
+class ModelConfig:
+    path: str = setting("Qwen/Qwen2-7B-Instruct", "Hugging Face model id or local directory")
+    tokenizer_path: str | None = setting(None, "tokenizer id or directory (null: same as path)")
+    trust_remote_code: bool = setting(False, "run model code shipped with the checkpoint (off: safer)")
+    enable_gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
+    use_remove_padding: bool = setting(True, "pack sequences without padding where the attention allows")
+
+
+@dataclass
+class OptimConfig:
+    optimizer: str = setting("adam", "optimizer (megatron's Adam, AdamW-style weight decay)", ("adam",))
+    lr: float = setting(1e-6, "peak learning rate")
+    lr_warmup_steps: int = setting(-1, "warm-up steps (-1: use lr_warmup_steps_ratio)")
+    lr_warmup_steps_ratio: float = setting(0.0, "warm-up as a fraction of the total steps")
+    lr_decay_style: str = setting("constant", "schedule after warm-up", ("constant", "linear", "cosine"))
+    min_lr: float = setting(0.0, "floor of the decayed learning rate")
+    weight_decay: float = setting(0.01, "decoupled weight decay")
+    adam_beta1: float = setting(0.9, "Adam beta1")
+    adam_beta2: float = setting(0.999, "Adam beta2")
+    total_training_steps: int | None = setting(None, "steps the schedule spans (null: from trainer)")
+
+
+@dataclass
+class MegatronConfig:
+    tensor_model_parallel_size: int = setting(1, "TP: each layer's matrices split over this many GPUs")
+    pipeline_model_parallel_size: int = setting(1, "PP: the layers split into this many stages")
+    virtual_pipeline_model_parallel_size: int | None = setting(None, "interleaved stages per PP rank")
+    context_parallel_size: int = setting(1, "CP: each sequence split over this many GPUs")
+    expert_model_parallel_size: int = setting(1, "EP: MoE experts spread over this many GPUs")
+    expert_tensor_parallel_size: int | None = setting(None, "ETP: TP inside each expert (null: 1 with EP>1)")
+    sequence_parallel: bool = setting(True, "shard norms/dropout activations along the sequence when TP>1")
+    use_distributed_optimizer: bool = setting(True, "shard optimizer states over data-parallel ranks")
+    param_offload: bool = setting(False, "keep parameters in host memory outside their phase")
+    grad_offload: bool = setting(False, "keep gradient buffers in host memory outside the update")
+    optimizer_offload: bool = setting(False, "keep optimizer states in host memory outside the update")
+    dtype: str = setting("bfloat16", "compute dtype (float16 trains with dynamic loss scaling)", DTYPES)
+    seed: int = setting(42, "seed of weight init and dropout")
+    override_transformer_config: dict[str, Any] = setting(
+        {}, "free-form megatron TransformerConfig fields, added with +key=value"
+    )
+
+
+@dataclass
+class RefMegatronConfig:
+    """The reference model's layout: every null inherits the actor's value."""
+
+    tensor_model_parallel_size: int | None = setting(None, "TP of the reference model (null: actor's)")
+    pipeline_model_parallel_size: int | None = setting(None, "PP of the reference model (null: actor's)")
+    virtual_pipeline_model_parallel_size: int | None = setting(None, "VPP of the reference (null: actor's)")
+    context_parallel_size: int | None = setting(None, "CP of the reference model (null: actor's)")
+    expert_model_parallel_size: int | None = setting(None, "EP of the reference model (null: actor's)")
+    expert_tensor_parallel_size: int | None = setting(None, "ETP of the reference model (null: actor's)")
+    sequence_parallel: bool | None = setting(None, "sequence parallel for the reference (null: actor's)")
+    param_offload: bool = setting(False, "keep the frozen reference weights in host memory between uses")
+    override_transformer_config: dict[str, Any] = setting({}, "TransformerConfig overrides for the reference")
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = setting("megatron", "training backend", ("megatron",))
+    ppo_mini_batch_size: int = setting(256, "prompts per optimizer step (times rollout.n responses)")
+    ppo_micro_batch_size_per_gpu: int = setting(4, "responses per forward/backward on one GPU")
+    ppo_epochs: int = setting(1, "passes over each step's rollouts")
+    shuffle: bool = setting(False, "shuffle rollouts between mini-batches")
+    use_dynamic_bsz: bool = setting(False, "size micro-batches by token count instead of responses")
+    ppo_max_token_len_per_gpu: int = setting(16384, "token budget per micro-batch when use_dynamic_bsz")
+    clip_ratio: float = setting(0.2, "PPO clip range epsilon")
+    clip_ratio_low: float | None = setting(None, "lower clip epsilon (null: clip_ratio)")
+    clip_ratio_high: float | None = setting(None, "upper clip epsilon, 'clip-higher' (null: clip_ratio)")
+    clip_ratio_c: float = setting(3.0, "dual-clip bound for negative advantages (> 1)")
+    loss_agg_mode: str = setting("token-mean", "how token losses become one number")
+    entropy_coeff: float = setting(0.0, "entropy bonus subtracted from the loss")
+    use_kl_loss: bool = setting(True, "add a KL(actor || reference) term to the loss (GRPO's way)")
+    kl_loss_coef: float = setting(0.001, "weight of the KL loss (guide spelling: kl_coeff)")
+    kl_loss_type: str = setting("low_var_kl", "KL estimator of the KL loss")
+    grad_clip: float = setting(1.0, "max global gradient norm (guide spelling: gradient_clipping)")
+    optim: OptimConfig = section(OptimConfig, "optimizer and learning-rate schedule")
+    megatron: MegatronConfig = section(MegatronConfig, "megatron-core parallel layout and memory options")
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int | None = setting(None, "responses per ref forward (null: actor's)")
+    megatron: RefMegatronConfig = section(RefMegatronConfig, "reference model layout (inherits the actor's)")
+
+
+@dataclass
+class ValKwargs:
+    n: int = setting(1, "samples per validation prompt")
+    temperature: float = setting(0.0, "validation sampling temperature (0: greedy)")
+    top_p: float = setting(1.0, "validation nucleus sampling")
+    do_sample: bool = setting(False, "sample during validation (false: greedy)")
+
+
+@dataclass
+class RolloutConfig:
+    name: str = setting("vllm", "generation engine", ("vllm", "hf", "megatron"))
+    n: int = setting(5, "responses per prompt: the GRPO group size (guide spelling: algorithm.group_size)")
+    temperature: float = setting(1.0, "sampling temperature")
+    top_p: float = setting(1.0, "nucleus sampling")
+    top_k: int = setting(-1, "top-k sampling (-1: off)")
+    dtype: str = setting("bfloat16", "engine weight dtype", DTYPES)
+    tensor_model_parallel_size: int = setting(1, "TP of the rollout engine (may differ from the actor's)")
+    gpu_memory_utilization: float = setting(0.5, "share of GPU memory the engine may take (weights + KV)")
+    max_num_batched_tokens: int = setting(8192, "engine's token budget per scheduler step")
+    max_num_seqs: int = setting(256, "engine's most concurrent sequences")
+    enforce_eager: bool = setting(False, "disable CUDA graphs in the engine")
+    free_cache_engine: bool = setting(True, "release the KV cache during the update (sleep/wake)")
+    log_prob_micro_batch_size_per_gpu: int | None = setting(None, "responses per old-log-prob forward")
+    seed: int = setting(0, "engine-level sampling seed")
+    val_kwargs: ValKwargs = section(ValKwargs, "sampling settings for validation")
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    hybrid_engine: bool = setting(True, "actor, reference and rollout share the same GPUs")
+    model: ModelConfig = section(ModelConfig, "the policy model")
+    actor: ActorConfig = section(ActorConfig, "the trained policy")
+    ref: RefConfig = section(RefConfig, "the frozen reference policy for the KL term")
+    rollout: RolloutConfig = section(RolloutConfig, "response generation")
+
+
+@dataclass
+class KLControlConfig:
+    type: str = setting("fixed", "KL-in-reward controller", ("fixed", "adaptive"))
+    kl_coef: float = setting(0.001, "KL-in-reward coefficient")
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = setting("grpo", "advantage estimator")
+    norm_adv_by_std_in_grpo: bool = setting(True, "divide by the group's std (false: Dr.GRPO)")
+    use_kl_in_reward: bool = setting(False, "subtract a KL penalty from the reward (GRPO uses the KL loss)")
+    kl_penalty: str = setting("kl", "KL estimator of the in-reward penalty")
+    kl_ctrl: KLControlConfig = section(KLControlConfig, "in-reward KL coefficient control")
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = setting(False, "score with a learned reward model (not supported: rule rewards only)")
+    reward_manager: str = setting("naive", "how responses are scored", ("naive",))
+    method: str = setting("strict", "answer extraction: '#### N' only, or the last number", ("strict", "flexible"))
+    format_score: float = setting(0.0, "reward for a well-formed but wrong answer")
+    score: float = setting(1.0, "reward for a right answer")
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = setting("grpo", "MLflow experiment / project name")
+    experiment_name: str = setting("gsm8k", "run name")
+    logger: list[str] = setting(["console"], "metric sinks: console, mlflow, tensorboard")
+    nnodes: int = setting(1, "number of nodes")
+    n_gpus_per_node: int = setting(8, "GPUs (on CPU: processes) per node")
+    device: str = setting("cuda", "accelerator", ("cuda", "cpu"))
+    gpu_memory_gib: float = setting(80.0, "memory of one GPU, for the dry run's memory check")
+    total_epochs: int = setting(1, "passes over the training prompts")
+    total_training_steps: int | None = setting(None, "stop after this many steps (null: from epochs)")
+    save_freq: int = setting(-1, "checkpoint every N steps (-1: only at the end)")
+    test_freq: int = setting(-1, "validate every N steps (-1: never)")
+    val_before_train: bool = setting(False, "validate the initial model first")
+    default_local_dir: str = setting("checkpoints", "where checkpoints and local logs go")
+    resume_mode: str = setting("auto", "auto (latest checkpoint), disable, or a checkpoint path")
+    env: dict[str, str] = setting(
+        {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_P2P_LEVEL": "NVL", "NCCL_DEBUG": "WARN"},
+        "environment exported to every training process",
+    )
+
+
+@dataclass
+class GRPOConfig:
+    data: DataConfig = section(DataConfig, "prompts")
+    actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig, "models and their engines")
+    algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantage and KL settings")
+    reward_model: RewardModelConfig = section(RewardModelConfig, "rule-based reward")
+    trainer: TrainerConfig = section(TrainerConfig, "run length, logging, checkpoints, cluster shape")
+
+
+FREE_FORM_KEYS = ("override_transformer_config", "env")
+"""Dict-typed settings whose keys the schema does not know; new keys are added with ``+key=value``."""
+
+
+def iter_settings(cls: type = GRPOConfig, prefix: str = ""):
+    """Yield ``(dotted_key, field)`` for every leaf setting of the tree."""
+    for f in fields(cls):
+        key = f"{prefix}{f.name}"
+        if f.default_factory is not MISSING and is_dataclass(f.type):
+            yield from iter_settings(f.type, key + ".")
+        else:
+            yield key, f

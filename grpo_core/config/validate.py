@@ -1,0 +1,335 @@
+"""Cross-field checks of a resolved config: verl's GRPO + Megatron checklist, run before any GPU is used.
+
+``check_config`` returns every error and warning at once, with the parallel layout and the per-GPU
+memory estimate it computed on the way, so ``--dry-run`` can show them and the trainer can refuse to
+start on the same rules.
+"""
+
+import dataclasses
+import difflib
+import importlib.util
+import warnings
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from grpo_core.algos import ADV_ESTIMATORS, KL_PENALTY_TYPES, LOSS_AGG_MODES
+from grpo_core.config.schema import GRPOConfig, iter_settings
+from grpo_core.models.shape import ModelShape
+from grpo_core.planning.layout import ParallelLayout
+from grpo_core.planning.memory import MemoryEstimate, MemoryOptions, estimate_grpo_memory
+from grpo_core.planning.planner import rollout_tp_fits
+
+LOGGERS = ("console", "mlflow", "tensorboard")
+LAYOUT_KEYS = [
+    ("tensor_model_parallel_size", "tensor model parallel size"),
+    ("pipeline_model_parallel_size", "pipeline model parallel size"),
+    ("virtual_pipeline_model_parallel_size", "virtual pipeline model parallel size"),
+    ("context_parallel_size", "context parallel size"),
+    ("expert_model_parallel_size", "expert model parallel size"),
+    ("expert_tensor_parallel_size", "expert tensor parallel size"),
+]
+
+FUSIONS_NEEDING_KERNELS = {
+    "gradient_accumulation_fusion": ("transformer_engine", "apex"),
+    "apply_rope_fusion": ("transformer_engine",),
+    "bias_dropout_fusion": ("transformer_engine", "apex"),
+}
+"""Kernel-fusion flags that megatron refuses at start-up without one of these packages."""
+
+
+@dataclass
+class Report:
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    layout: ParallelLayout | None = None
+    memory: MemoryEstimate | None = None
+
+
+def _get(cfg: object, dotted: str):
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def world_size(cfg: GRPOConfig) -> int:
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+
+def actor_layout(cfg: GRPOConfig) -> ParallelLayout:
+    m = cfg.actor_rollout_ref.actor.megatron
+    ep = m.expert_model_parallel_size
+    return ParallelLayout(
+        world_size=world_size(cfg),
+        tp=m.tensor_model_parallel_size,
+        pp=m.pipeline_model_parallel_size,
+        cp=m.context_parallel_size,
+        ep=ep,
+        etp=m.expert_tensor_parallel_size or 1,
+        vpp=m.virtual_pipeline_model_parallel_size,
+    )
+
+
+def uneven_stages(overrides: dict) -> tuple[int | None, int | None]:
+    return overrides.get("num_layers_in_first_pipeline_stage"), overrides.get("num_layers_in_last_pipeline_stage")
+
+
+def memory_options(cfg: GRPOConfig) -> MemoryOptions:
+    m = cfg.actor_rollout_ref.actor.megatron
+    return MemoryOptions(
+        dtype=m.dtype,
+        use_distributed_optimizer=m.use_distributed_optimizer,
+        param_offload=m.param_offload,
+        grad_offload=m.grad_offload,
+        optimizer_offload=m.optimizer_offload,
+        sequence_parallel=m.sequence_parallel,
+        recompute=cfg.actor_rollout_ref.model.enable_gradient_checkpointing
+        or m.override_transformer_config.get("recompute_granularity") is not None,
+    )
+
+
+def _check_choices(cfg: GRPOConfig, r: Report) -> None:
+    for key, f in iter_settings():
+        choices = f.metadata.get("choices")
+        if choices and _get(cfg, key) not in choices:
+            r.errors.append(f"{key}={_get(cfg, key)!r} is not valid; valid: {list(choices)}")
+    registries = [
+        ("algorithm.adv_estimator", ADV_ESTIMATORS),
+        ("actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES),
+        ("actor_rollout_ref.actor.kl_loss_type", KL_PENALTY_TYPES),
+        ("algorithm.kl_penalty", KL_PENALTY_TYPES),
+    ]
+    for key, valid in registries:
+        if _get(cfg, key) not in valid:
+            r.errors.append(f"{key}={_get(cfg, key)!r} is not valid; valid: {list(valid)}")
+    for name in cfg.trainer.logger:
+        if name not in LOGGERS:
+            r.errors.append(f"trainer.logger entry {name!r} is not valid; valid: {list(LOGGERS)}")
+
+
+def _check_algorithm(cfg: GRPOConfig, r: Report) -> None:
+    actor, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
+    n = cfg.actor_rollout_ref.rollout.n
+    if n < 2:
+        r.errors.append(
+            f"actor_rollout_ref.rollout.n (algorithm.group_size)={n}: GRPO compares responses within a "
+            "group, so it needs at least 2 per prompt"
+        )
+    elif not 5 <= n <= 10:
+        r.warnings.append(
+            f"group size {n} is outside the guide's 5-10: fewer gives noisy baselines, more costs generation"
+        )
+    if actor.kl_loss_coef < 0:
+        r.errors.append(f"actor_rollout_ref.actor.kl_loss_coef={actor.kl_loss_coef} must be >= 0")
+    if actor.use_kl_loss and actor.kl_loss_coef == 0:
+        r.warnings.append("use_kl_loss=true with kl_loss_coef=0 computes reference log-probs for nothing")
+    if actor.use_kl_loss and algo.use_kl_in_reward:
+        r.warnings.append("KL is both a loss (use_kl_loss) and a reward penalty (use_kl_in_reward): counted twice")
+    if actor.clip_ratio <= 0:
+        r.errors.append(f"actor_rollout_ref.actor.clip_ratio={actor.clip_ratio} must be > 0")
+    for key in ("clip_ratio_low", "clip_ratio_high"):
+        value = getattr(actor, key)
+        if value is not None and value < 0:
+            r.errors.append(f"actor_rollout_ref.actor.{key}={value} must be >= 0")
+    if actor.clip_ratio_c <= 1:
+        r.errors.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual clip)")
+    if actor.optim.lr <= 0:
+        r.errors.append(f"actor_rollout_ref.actor.optim.lr={actor.optim.lr} must be > 0")
+    if not 0 <= actor.optim.lr_warmup_steps_ratio < 1:
+        r.errors.append("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio must be in [0, 1)")
+    if cfg.reward_model.enable:
+        r.errors.append("reward_model.enable=true: learned reward models are not supported; rule rewards only")
+
+
+def _check_batches(cfg: GRPOConfig, layout: ParallelLayout, r: Report) -> None:
+    d, actor = cfg.data, cfg.actor_rollout_ref.actor
+    n = cfg.actor_rollout_ref.rollout.n
+    positives = [
+        ("data.train_batch_size", d.train_batch_size),
+        ("data.max_prompt_length", d.max_prompt_length),
+        ("data.max_response_length", d.max_response_length),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu),
+        ("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs),
+        ("trainer.total_epochs", cfg.trainer.total_epochs),
+        ("trainer.nnodes", cfg.trainer.nnodes),
+        ("trainer.n_gpus_per_node", cfg.trainer.n_gpus_per_node),
+    ]
+    bad = [f"{key}={value} must be >= 1" for key, value in positives if value < 1]
+    if bad:
+        r.errors.extend(bad)
+        return
+    for key, value in [
+        ("trainer.save_freq", cfg.trainer.save_freq),
+        ("trainer.test_freq", cfg.trainer.test_freq),
+    ]:
+        if value == 0 or value < -1:
+            r.errors.append(f"{key}={value} must be -1 (off) or >= 1")
+    if d.train_batch_size % actor.ppo_mini_batch_size:
+        r.errors.append(
+            f"data.train_batch_size={d.train_batch_size} is not a multiple of "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size}"
+        )
+    responses = actor.ppo_mini_batch_size * n
+    if responses % layout.dp:
+        r.errors.append(
+            f"a mini-batch of {actor.ppo_mini_batch_size} prompts x {n} responses = {responses} does not split "
+            f"evenly over DP={layout.dp} ranks"
+        )
+        return
+    per_rank = responses // layout.dp
+    micro = actor.ppo_micro_batch_size_per_gpu
+    if not actor.use_dynamic_bsz and per_rank % micro:
+        r.errors.append(
+            f"each DP rank gets {per_rank} responses per mini-batch, not a multiple of "
+            f"ppo_micro_batch_size_per_gpu={micro}"
+        )
+
+
+def _check_layout(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r: Report) -> None:
+    actor_m = cfg.actor_rollout_ref.actor.megatron
+    r.errors += layout.problems(shape, uneven_stages(actor_m.override_transformer_config))
+    ref_m = cfg.actor_rollout_ref.ref.megatron
+    for key, name in LAYOUT_KEYS:
+        ref_value, actor_value = getattr(ref_m, key), getattr(actor_m, key)
+        if ref_value is not None and ref_value != actor_value:
+            r.errors.append(
+                f"{name} mismatch: actor={actor_value}, ref={ref_value} "
+                "(the reference model must share the actor's layout; leave ref's unset to inherit it)"
+            )
+    rollout = cfg.actor_rollout_ref.rollout
+    rtp = rollout.tensor_model_parallel_size
+    if rtp < 1 or layout.world_size % rtp:
+        r.errors.append(f"rollout tensor parallel size {rtp} does not divide the world size {layout.world_size}")
+    elif not rollout_tp_fits(shape, rtp):
+        r.errors.append(
+            f"rollout tensor parallel size {rtp} does not split {shape.num_attention_heads} attention heads "
+            f"and {shape.num_kv_heads} KV heads"
+        )
+    elif rtp > cfg.trainer.n_gpus_per_node:
+        r.warnings.append(f"rollout TP={rtp} spans nodes: generation all-reduces will cross the network")
+    needs_ordering = cfg.trainer.device == "cuda" and (layout.tp > 1 or layout.cp > 1)
+    if needs_ordering and cfg.trainer.env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":
+        r.warnings.append(
+            "trainer.env.CUDA_DEVICE_MAX_CONNECTIONS is not 1: megatron needs it to order tensor-parallel "
+            "communication before the compute that waits for it"
+        )
+    total = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if total > shape.max_position_embeddings:
+        r.errors.append(
+            f"max_prompt_length + max_response_length = {total} exceeds the model's "
+            f"max_position_embeddings {shape.max_position_embeddings}"
+        )
+
+
+def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r: Report) -> None:
+    arr = cfg.actor_rollout_ref
+    rollout, actor, gpu = arr.rollout, arr.actor, cfg.trainer.gpu_memory_gib
+    if not 0 < rollout.gpu_memory_utilization <= 1:
+        r.errors.append(f"rollout.gpu_memory_utilization={rollout.gpu_memory_utilization} must be in (0, 1]")
+        return
+    seq_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+    micro = actor.ppo_micro_batch_size_per_gpu
+    if actor.use_dynamic_bsz:
+        micro = max(actor.ppo_max_token_len_per_gpu // seq_len, 1)
+    opts = memory_options(cfg)
+    r.memory = est = estimate_grpo_memory(
+        shape,
+        layout,
+        opts,
+        micro,
+        seq_len,
+        gpu,
+        with_reference=actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,
+        ref_offload=arr.ref.megatron.param_offload,
+        rollout_tp=rollout.tensor_model_parallel_size,
+        rollout_utilization=rollout.gpu_memory_utilization,
+        rollout_dtype=rollout.dtype,
+        free_cache_engine=rollout.free_cache_engine,
+        log_prob_micro_batch=rollout.log_prob_micro_batch_size_per_gpu,
+    )
+    if cfg.trainer.device != "cuda":
+        return
+    if est.kv_sequences < 1:
+        r.errors.append(
+            f"the rollout's KV cache cannot hold one {seq_len}-token sequence: its weights take "
+            f"{est.rollout:.1f} GiB of the {gpu * rollout.gpu_memory_utilization:.1f} GiB it may use; raise "
+            "rollout.gpu_memory_utilization or rollout.tensor_model_parallel_size"
+        )
+    if est.peak > gpu:
+        r.errors.append(
+            f"estimated peak {est.peak:.1f} GiB per GPU ({est.peak_phase} phase) exceeds trainer.gpu_memory_gib="
+            f"{gpu:g}; in the guide's order: lower ppo_micro_batch_size_per_gpu (now {micro}), "
+            f"turn on param_offload/grad_offload/optimizer_offload (now {opts.param_offload}/{opts.grad_offload}/"
+            f"{opts.optimizer_offload}), train in bf16 (now {opts.dtype}), raise TP/PP (now {layout.tp}/{layout.pp}), "
+            f"or lower rollout.gpu_memory_utilization (now {rollout.gpu_memory_utilization}); "
+            "`grpo plan` suggests a layout"
+        )
+    elif est.peak > 0.9 * gpu:
+        r.warnings.append(f"estimated peak {est.peak:.1f} GiB is within 10% of the GPU's {gpu:g} GiB")
+
+
+@cache
+def _transformer_config_fields() -> frozenset[str] | None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from megatron.core.transformer.transformer_config import TransformerConfig
+    except ImportError:
+        return None
+    return frozenset(f.name for f in dataclasses.fields(TransformerConfig))
+
+
+def _check_transformer_overrides(cfg: GRPOConfig, r: Report) -> None:
+    """override_transformer_config goes to megatron's TransformerConfig: check its keys now, not at start-up."""
+    arr = cfg.actor_rollout_ref
+    sections = [
+        ("actor", arr.actor.megatron.override_transformer_config),
+        ("ref", arr.ref.megatron.override_transformer_config),
+    ]
+    if not any(overrides for _, overrides in sections):
+        return
+    known = _transformer_config_fields()
+    if known is None:
+        r.warnings.append("megatron-core is not importable here: override_transformer_config keys were not checked")
+        return
+    for who, overrides in sections:
+        for key, value in overrides.items():
+            prefix = f"actor_rollout_ref.{who}.megatron.override_transformer_config.{key}"
+            if key not in known:
+                guess = difflib.get_close_matches(key, known, n=1)
+                hint = f"; did you mean '{guess[0]}'?" if guess else ""
+                r.errors.append(f"{prefix}: megatron's TransformerConfig has no field '{key}'{hint}")
+            elif value is True and key in FUSIONS_NEEDING_KERNELS:
+                needs = FUSIONS_NEEDING_KERNELS[key]
+                if not any(importlib.util.find_spec(m) for m in needs):
+                    r.warnings.append(
+                        f"{prefix}=true needs {' or '.join(needs)}, not installed here; megatron refuses it at start-up"
+                    )
+
+
+def _check_paths(cfg: GRPOConfig, r: Report) -> None:
+    for path in cfg.data.train_files + cfg.data.val_files:
+        if not Path(path).exists():
+            r.warnings.append(f"data file {path} does not exist yet (write it with `grpo prepare`)")
+    mode = cfg.trainer.resume_mode
+    if mode not in ("auto", "disable") and not Path(mode).exists():
+        r.errors.append(f"trainer.resume_mode={mode!r}: not 'auto', 'disable' or an existing checkpoint path")
+
+
+def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
+    """Every problem with ``cfg``; shape-dependent checks are skipped when the model could not be read."""
+    r = Report()
+    _check_choices(cfg, r)
+    _check_algorithm(cfg, r)
+    _check_paths(cfg, r)
+    _check_transformer_overrides(cfg, r)
+    layout = actor_layout(cfg)
+    _check_batches(cfg, layout, r)
+    if shape is not None and cfg.trainer.nnodes >= 1 and cfg.trainer.n_gpus_per_node >= 1:
+        n_layout_errors = len(r.errors)
+        _check_layout(cfg, shape, layout, r)
+        if len(r.errors) == n_layout_errors:
+            r.layout = layout
+            _check_memory(cfg, shape, layout, r)
+    return r

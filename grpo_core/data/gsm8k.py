@@ -1,0 +1,247 @@
+"""GSM8K to verl-schema parquet: the files the trainer and evaluator read.
+
+``prepare_gsm8k`` converts the raw dataset (a hub id, a local directory or the embedded sample) into
+``train.parquet`` and ``test.parquet`` plus a ``manifest.json`` recording what went in. The manifest is
+written last, so a directory with a manifest is complete, and an unchanged input is not converted twice.
+"""
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+from rich.console import Console
+from rich.progress import track
+
+from grpo_core.rewards.gsm8k import extract_solution
+
+logger = logging.getLogger(__name__)
+
+DATA_SOURCE = "openai/gsm8k"
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+FORMAT_VERSION = 1
+"""Bump whenever ``make_row``'s output changes, so old outputs are rebuilt rather than reused."""
+SPLITS = ("train", "test")
+EMBEDDED = "embedded"
+MANIFEST = "manifest.json"
+PATTERNS = ("{}.jsonl", "{}.parquet", "{}-*.parquet", "main/{}-*.parquet")
+"""Looked for per split in a local directory; the last two match a hub snapshot of openai/gsm8k."""
+
+_S = pa.string()
+SCHEMA = pa.schema(
+    {
+        "data_source": _S,
+        "prompt": pa.list_(pa.struct({"role": _S, "content": _S})),
+        "ability": _S,
+        "reward_model": pa.struct({"style": _S, "ground_truth": _S}),
+        "extra_info": pa.struct({"split": _S, "index": pa.int64(), "question": _S, "answer": _S}),
+    }
+)
+
+
+class DataError(Exception):
+    """The input cannot be used; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    output_dir: Path
+    rows: dict[str, int]
+    skipped: dict[str, int]
+    input_hash: str
+    reused: bool
+
+
+def make_row(question: str, answer: str, split: str, index: int) -> dict | None:
+    """One example in verl's RL schema, or None when the answer has no ``#### N`` to grade against."""
+    if not isinstance(question, str) or not isinstance(answer, str):
+        return None
+    ground_truth = extract_solution(answer, "strict")
+    if ground_truth is None:
+        return None
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": {"split": split, "index": index, "question": question, "answer": answer},
+    }
+
+
+def _short(exc: BaseException) -> str:
+    """The first line of the root cause: library errors are often wrapped and multi-line."""
+    cause = exc.__cause__ or exc
+    return (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _source_files(source: str, out_dir: Path, stack: contextlib.ExitStack) -> dict[str, list[Path]]:
+    """Each split's input files, found (or reported missing) before anything is loaded; {} for a hub id."""
+    if source == EMBEDDED:
+        root = resources.files("grpo_core.data") / "embedded"
+        return {s: [stack.enter_context(resources.as_file(root / f"gsm8k_{s}.jsonl"))] for s in SPLITS}
+    directory = Path(source).expanduser()
+    if not (directory.exists() or source.startswith((".", "/", "~")) or source.count("/") > 1):
+        return {}  # hub ids look like "name" or "owner/name"; anything else path-like is local
+    if not directory.is_dir():
+        problem = "is not a directory" if directory.exists() else "does not exist"
+        raise DataError(f"dataset directory {directory} {problem}")
+    if out_dir.resolve() == directory.resolve():
+        raise DataError(f"output directory {out_dir} must differ from the source directory")
+    files = {}
+    for split in SPLITS:
+        found = [sorted(directory.glob(p.format(split))) for p in PATTERNS]
+        if not any(found):
+            looked = ", ".join(p.format(split) for p in PATTERNS)
+            raise DataError(f"no {split} file in {directory} (looked for {looked})")
+        files[split] = next(paths for paths in found if paths)
+    return files
+
+
+def _first_bad_json_line(path: Path) -> int | None:
+    """Only called after a load failed, so the normal path never reads the file twice."""
+    with path.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                if line.strip() and not isinstance(json.loads(line), dict):
+                    return number
+            except ValueError:
+                return number
+    return None
+
+
+def _load_local(files: dict[str, list[Path]]) -> dict[str, datasets.Dataset]:
+    loaded = {}
+    for split, paths in files.items():
+        fmt = "parquet" if paths[0].suffix == ".parquet" else "json"
+        try:
+            loaded[split] = datasets.load_dataset(fmt, data_files={split: list(map(str, paths))}, split=split)
+        except Exception as exc:
+            bad_line = _first_bad_json_line(paths[0]) if fmt == "json" else None  # .jsonl is one file
+            reason = f"line {bad_line} is not a JSON object" if bad_line else _short(exc)
+            kind = "Parquet" if fmt == "parquet" else "JSON lines"
+            raise DataError(f"{', '.join(map(str, paths))} is not valid {kind}: {reason}") from exc
+    return loaded
+
+
+def _load_hub(source: str) -> dict[str, datasets.Dataset]:
+    try:
+        loaded = datasets.load_dataset(source, "main")
+    except Exception as exc:
+        raise DataError(
+            f"could not load {source!r} from the Hugging Face hub (offline?): {_short(exc)}; "
+            "pass a local directory with train.jsonl/test.jsonl instead"
+        ) from exc
+    if missing := [s for s in SPLITS if s not in loaded]:
+        raise DataError(f"{source!r} on the Hugging Face hub has no {'/'.join(missing)} split")
+    return {s: loaded[s] for s in SPLITS}
+
+
+def _convert(ds: datasets.Dataset, split: str, source: str, progress: bool) -> tuple[pa.Table, list[int]]:
+    """Whole columns are pulled out at once; only the cheap per-row dict building runs in Python."""
+    if missing := sorted({"question", "answer"} - set(ds.column_names)):
+        found = ", ".join(ds.column_names)
+        raise DataError(f"{split} split of {source} has no {'/'.join(missing)} column (columns: {found})")
+    columns = ds.select_columns(["question", "answer"]).to_dict()
+    pairs = zip(columns["question"], columns["answer"], strict=True)
+    bar = track(pairs, f"gsm8k {split}", total=len(ds), disable=not progress, console=Console(stderr=True))
+    made = [make_row(question, answer, split, index) for index, (question, answer) in enumerate(bar)]
+    skipped = [index for index, row in enumerate(made) if row is None]
+    if skipped:
+        shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
+        logger.warning(
+            "gsm8k %s: skipped %d rows with no parsable final answer (indices %s)", split, len(skipped), shown
+        )
+    return pa.Table.from_pylist([row for row in made if row is not None], schema=SCHEMA), skipped
+
+
+def _temp_path(directory: Path, name: str) -> Path:
+    """Hidden and ending in .tmp, so a leftover is never mistaken for an output."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+    os.close(fd)
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 would make the outputs private once renamed
+    return Path(tmp)
+
+
+def _write_outputs(out_dir: Path, tables: dict[str, pa.Table], manifest: dict) -> None:
+    """Every new file is complete before any old one is replaced; the manifest goes last."""
+    temps: dict[str, Path] = {}
+    try:
+        for split, table in tables.items():
+            tmp = temps[f"{split}.parquet"] = _temp_path(out_dir, f"{split}.parquet")
+            pq.write_table(table, tmp)
+        digests = {name: _sha256(tmp) for name, tmp in temps.items()}
+        temps[MANIFEST] = _temp_path(out_dir, MANIFEST)
+        temps[MANIFEST].write_text(json.dumps({**manifest, "sha256": digests}, indent=2) + "\n")
+        (out_dir / MANIFEST).unlink(missing_ok=True)  # from here on the old output is no longer complete
+        for name, tmp in temps.items():
+            os.replace(tmp, out_dir / name)
+    finally:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+
+
+def _reusable(out_dir: Path, input_hash: str) -> dict | None:
+    """The existing manifest, if it describes this input and its files are still exactly as written."""
+    try:
+        manifest = json.loads((out_dir / MANIFEST).read_text())
+        digests = manifest["sha256"]
+        same_input = (manifest["format_version"], manifest["input_hash"]) == (FORMAT_VERSION, input_hash)
+        complete = set(digests) == {f"{s}.parquet" for s in SPLITS} and {"rows", "skipped"} <= manifest.keys()
+        intact = same_input and complete and all(_sha256(out_dir / n) == d for n, d in digests.items())
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return manifest if intact else None
+
+
+def prepare_gsm8k(source: str, output_dir: str | Path, force: bool = False, progress: bool = True) -> PrepareResult:
+    """Write verl-schema GSM8K parquet files into ``output_dir``, or reuse them if the input is unchanged.
+
+    ``source`` is a hub dataset id (e.g. ``openai/gsm8k``), a local directory with train/test
+    ``.jsonl`` or ``.parquet`` files, or ``"embedded"`` for the small sample shipped with the package.
+    Raises DataError for unusable input; on any error the previous contents of ``output_dir`` survive.
+    """
+    out_dir = Path(output_dir).expanduser()
+    with contextlib.ExitStack() as stack:
+        if not progress and not datasets.are_progress_bars_disabled():
+            datasets.disable_progress_bars()
+            stack.callback(datasets.enable_progress_bars)
+        files = _source_files(source, out_dir, stack)
+        if files:
+            parts = [f"{split}:{_sha256(p)}" for split, paths in files.items() for p in paths]
+        else:
+            hub = _load_hub(source)
+            parts = [source, "main", *(hub[s]._fingerprint for s in SPLITS)]
+        input_hash = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+        if not force and (old := _reusable(out_dir, input_hash)) is not None:
+            logger.info("gsm8k: %s is up to date (input unchanged), reusing it", out_dir)
+            return PrepareResult(out_dir, old["rows"], old["skipped"], input_hash, reused=True)
+        loaded = _load_local(files) if files else hub
+        converted = {split: _convert(loaded[split], split, source, progress) for split in SPLITS}
+
+    rows = {split: table.num_rows for split, (table, _) in converted.items()}
+    skipped = {split: len(indices) for split, (_, indices) in converted.items()}
+    created = datetime.now(UTC).isoformat(timespec="seconds")
+    manifest = {"format_version": FORMAT_VERSION, "data_source": DATA_SOURCE, "source": source}
+    manifest |= {"input_hash": input_hash, "created": created, "rows": rows, "skipped": skipped}
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write_outputs(out_dir, {split: table for split, (table, _) in converted.items()}, manifest)
+    except OSError as exc:
+        raise DataError(f"cannot write to output directory {out_dir}: {exc.strerror or exc}") from exc
+    logger.info("gsm8k: wrote %s to %s", ", ".join(f"{n} {s} rows" for s, n in rows.items()), out_dir)
+    return PrepareResult(out_dir, rows, skipped, input_hash, reused=False)

@@ -1,0 +1,151 @@
+"""The numbers of a decoder-only transformer that layout checks and memory estimates need.
+
+Read from a Hugging Face ``config.json``: a local directory, the built-in table of the guide's models
+(offline), or the hub, in that order. Covers Llama, Qwen2/2.5 (QKV bias), Qwen3 (QK norm) and
+Qwen3-MoE-style models.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpo_core.models.known_configs import find_known_config
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral")
+
+
+class ModelShapeError(Exception):
+    """The model's config could not be found or read."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    tie_embeddings: bool
+    max_position_embeddings: int
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    num_experts: int = 0
+    moe_ffn_hidden_size: int = 0
+    experts_per_token: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        q = self.num_attention_heads * self.head_dim
+        kv = 2 * self.num_kv_heads * self.head_dim
+        bias = (q + kv) if self.qkv_bias else 0
+        norms = 2 * self.head_dim if self.qk_norm else 0
+        return self.hidden_size * (q + kv) + q * self.hidden_size + bias + norms + 2 * self.hidden_size
+
+    @property
+    def dense_mlp_params_per_layer(self) -> int:
+        return 0 if self.is_moe else 3 * self.hidden_size * self.ffn_hidden_size
+
+    @property
+    def expert_params_per_layer(self) -> int:
+        return self.num_experts * 3 * self.hidden_size * self.moe_ffn_hidden_size
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size * (1 if self.tie_embeddings else 2)
+
+    @property
+    def dense_params(self) -> int:
+        """Everything outside the experts (router included): split by TP and PP."""
+        router = self.num_experts * self.hidden_size
+        per_layer = self.attention_params_per_layer + self.dense_mlp_params_per_layer + router
+        return self.num_layers * per_layer + self.embedding_params + self.hidden_size
+
+    @property
+    def expert_params(self) -> int:
+        """Expert weights: split by EP x ETP and PP."""
+        return self.num_layers * self.expert_params_per_layer
+
+    @property
+    def num_params(self) -> int:
+        return self.dense_params + self.expert_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through (for FLOPs): only its top-k experts."""
+        if not self.is_moe:
+            return self.num_params
+        per_expert = 3 * self.hidden_size * self.moe_ffn_hidden_size
+        return self.dense_params + self.num_layers * self.experts_per_token * per_expert
+
+    @classmethod
+    def from_hf_config(cls, config: dict) -> "ModelShape":
+        model_type = config.get("model_type", "")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ModelShapeError(
+                f"model_type {model_type!r} is not supported; supported: {list(SUPPORTED_MODEL_TYPES)}"
+            )
+        try:
+            heads = config["num_attention_heads"]
+            hidden = config["hidden_size"]
+            return cls(
+                model_type=model_type,
+                hidden_size=hidden,
+                num_layers=config["num_hidden_layers"],
+                num_attention_heads=heads,
+                num_kv_heads=config.get("num_key_value_heads") or heads,
+                head_dim=config.get("head_dim") or hidden // heads,
+                ffn_hidden_size=config["intermediate_size"],
+                vocab_size=config["vocab_size"],
+                tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+                max_position_embeddings=config.get("max_position_embeddings", 4096),
+                qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
+                qk_norm=model_type.startswith("qwen3"),
+                num_experts=config.get("num_experts", 0) or 0,
+                moe_ffn_hidden_size=config.get("moe_intermediate_size", 0) or 0,
+                experts_per_token=config.get("num_experts_per_tok", 0) or 0,
+            )
+        except KeyError as e:
+            raise ModelShapeError(f"config.json has no {e.args[0]!r}") from None
+
+
+def _read_local(path: Path) -> dict:
+    config_file = path / "config.json" if path.is_dir() else path
+    if not config_file.is_file():
+        raise ModelShapeError(f"{path}: no config.json there")
+    try:
+        return json.loads(config_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelShapeError(f"{config_file}:{e.lineno}: malformed JSON: {e.msg}") from None
+
+
+def _read_hub(repo_id: str) -> dict:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return json.loads(Path(hf_hub_download(repo_id, "config.json")).read_text())
+    except Exception as e:  # offline, gated, missing: all end the same way for the user
+        reason = str(e).splitlines()[0][:200]
+        raise ModelShapeError(
+            f"could not read config.json of {repo_id!r} from the Hugging Face hub ({reason}); "
+            "point actor_rollout_ref.model.path at a local directory"
+        ) from None
+
+
+def load_model_shape(name_or_path: str) -> ModelShape:
+    """Local directory (or config.json file), then the built-in table, then the hub."""
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return ModelShape.from_hf_config(_read_local(path))
+    known = find_known_config(name_or_path)
+    if known is not None:
+        return ModelShape.from_hf_config(known)
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
+        raise ModelShapeError(f"{name_or_path}: no such model directory, and not a hub id (org/name)")
+    return ModelShape.from_hf_config(_read_hub(name_or_path))

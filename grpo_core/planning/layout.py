@@ -1,0 +1,102 @@
+"""The parallel layout (TP/PP/CP/EP/ETP/DP) of a run and the divisibility rules megatron-core enforces."""
+
+from dataclasses import dataclass
+
+from grpo_core.models.shape import ModelShape
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    world_size: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    vpp: int | None = None
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp * self.cp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel replicas of the dense weights."""
+        return max(self.world_size // self.model_parallel, 1)
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel replicas of each expert."""
+        return max(self.world_size // (self.etp * self.ep * self.pp), 1)
+
+    def describe(self) -> str:
+        text = f"world={self.world_size} TP={self.tp} PP={self.pp} CP={self.cp} DP={self.dp}"
+        if self.ep > 1 or self.etp > 1:
+            text += f" EP={self.ep} ETP={self.etp} expert-DP={self.expert_dp}"
+        if self.vpp:
+            text += f" VPP={self.vpp}"
+        return text
+
+    def problems(
+        self, shape: ModelShape, uneven_stage_layers: tuple[int | None, int | None] = (None, None)
+    ) -> list[str]:
+        """Every reason megatron-core would refuse this layout for this model; empty when it is fine.
+
+        ``uneven_stage_layers`` holds ``num_layers_in_{first,last}_pipeline_stage`` when they are set.
+        """
+        out = []
+        for name, size in [
+            ("tensor", self.tp),
+            ("pipeline", self.pp),
+            ("context", self.cp),
+            ("expert", self.ep),
+            ("expert tensor", self.etp),
+        ]:
+            if size < 1:
+                out.append(f"{name} model parallel size must be >= 1, got {size}")
+        if out:
+            return out
+        if self.world_size % self.model_parallel:
+            out.append(
+                f"world size {self.world_size} is not divisible by TP*PP*CP = "
+                f"{self.tp}*{self.pp}*{self.cp} = {self.model_parallel}"
+            )
+        if shape.num_attention_heads % self.tp:
+            out.append(f"attention heads ({shape.num_attention_heads}) are not divisible by TP={self.tp}")
+        if shape.num_kv_heads % self.tp:
+            out.append(f"KV groups ({shape.num_kv_heads}) are not divisible by TP={self.tp}")
+        out += self._pipeline_problems(shape, uneven_stage_layers)
+        out += self._expert_problems(shape)
+        return out
+
+    def _pipeline_problems(self, shape: ModelShape, uneven: tuple[int | None, int | None]) -> list[str]:
+        first, last = uneven
+        if self.vpp is not None and self.pp == 1:
+            return ["virtual pipeline stages need pipeline_model_parallel_size > 1"]
+        layers, stages = shape.num_layers, self.pp
+        for fixed in (first, last):
+            if fixed is not None and self.pp > 1:
+                layers, stages = layers - fixed, stages - 1
+        if stages == 0 or layers < stages:
+            return [f"{shape.num_layers} layers cannot fill PP={self.pp} stages with the uneven stage sizes given"]
+        chunks = stages * (self.vpp or 1)
+        if layers % chunks:
+            what = "the layers left after the uneven first/last stages" if (first or last) else "layers"
+            return [
+                f"{what} ({layers}) are not divisible by PP{'*VPP' if self.vpp else ''}={chunks}; "
+                "set +...override_transformer_config.num_layers_in_first_pipeline_stage / "
+                "num_layers_in_last_pipeline_stage for uneven stages"
+            ]
+        return []
+
+    def _expert_problems(self, shape: ModelShape) -> list[str]:
+        if not shape.is_moe:
+            if self.ep > 1 or self.etp > 1:
+                return [f"expert parallelism (EP={self.ep}, ETP={self.etp}) needs an MoE model; this one is dense"]
+            return []
+        out = []
+        if shape.num_experts % self.ep:
+            out.append(f"{shape.num_experts} experts are not divisible by EP={self.ep}")
+        if self.world_size % (self.etp * self.ep * self.pp):
+            out.append(f"world size {self.world_size} is not divisible by ETP*EP*PP = {self.etp}*{self.ep}*{self.pp}")
+        return out

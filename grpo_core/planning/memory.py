@@ -1,0 +1,208 @@
+"""Per-GPU memory of a GRPO step, phase by phase, from the model shape and the layout.
+
+A colocated ("hybrid engine") GRPO step has three phases on the same GPUs: generation (the rollout
+engine holds ``gpu_memory_utilization`` of the GPU for its weights and KV cache), log-probs (old and
+reference, forward only) and the update (forward + backward + optimizer). Offload flags move state to
+host memory *between* phases; ``optimizer_offload`` also runs the Adam step on the host, so optimizer
+states never come to the GPU. The peak is the largest phase.
+
+Activation sizes are per token and layer, in bytes of 16-bit activations: ``2 * (8h + 4kv + 5f)``
+(h: hidden, kv: key/value width, f: MLP width), plus ``6 * heads * seq`` when the attention matrix is
+materialised. The constants were fitted to measured H200 peaks (see ``tests/test_planning.py``);
+``h``-sized terms are replicated across TP ranks unless sequence parallelism is on.
+"""
+
+from dataclasses import dataclass, field
+
+from grpo_core.models.shape import ModelShape
+from grpo_core.planning.layout import ParallelLayout
+
+GiB = 1024**3
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+GRAD_BYTES = 4  # megatron accumulates and reduces gradients in fp32 ("main_grad")
+ADAM_BYTES = 8  # exp_avg + exp_avg_sq in fp32
+MASTER_BYTES = 4  # fp32 master weights, when training in 16-bit
+LOGIT_BYTES = 10  # per vocab entry and token: 16-bit logits, fp32 copy, fp32 softmax for backward
+KV_BYTES = 2
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    dtype: str = "bfloat16"
+    use_distributed_optimizer: bool = True
+    param_offload: bool = False
+    grad_offload: bool = False
+    optimizer_offload: bool = False
+    sequence_parallel: bool = True
+    recompute: bool = False
+    attention: str = "sdpa"  # "sdpa" (flash/memory-efficient) or "unfused" (materialised scores)
+
+
+@dataclass
+class MemoryEstimate:
+    """GiB per GPU, on the most loaded pipeline stage."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    logits: float
+    reference: float
+    rollout: float
+    kv_cache: float
+    kv_sequences: float
+    phases: dict[str, float] = field(default_factory=dict)
+    offloaded: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> float:
+        return max(self.phases.values())
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phases.get)
+
+
+def params_per_gpu(shape: ModelShape, layout: ParallelLayout) -> tuple[float, float]:
+    """(dense, expert) parameters held by one GPU of the heaviest pipeline stage."""
+    layers = shape.num_layers / layout.pp
+    per_layer_dense = shape.dense_params - shape.embedding_params - shape.hidden_size
+    per_layer_dense /= shape.num_layers
+    # The first stage holds the embedding, the last the output layer (a copy of it when tied).
+    vocab_matrices = 1 if layout.pp > 1 or shape.tie_embeddings else 2
+    dense = layers * per_layer_dense + vocab_matrices * shape.vocab_size * shape.hidden_size
+    expert = layers * shape.expert_params_per_layer
+    return dense / layout.tp, expert / (layout.ep * layout.etp)
+
+
+def activation_bytes_per_token_layer(
+    shape: ModelShape, layout: ParallelLayout, seq_len: int, opts: MemoryOptions
+) -> float:
+    h, kv = shape.hidden_size, shape.num_kv_heads * shape.head_dim
+    f = shape.experts_per_token * shape.moe_ffn_hidden_size if shape.is_moe else shape.ffn_hidden_size
+    replicated = 2 * 4 * h  # norm inputs/outputs: split only by sequence parallelism
+    split = 2 * (4 * h + 4 * kv + 5 * f)
+    if opts.attention == "unfused":
+        split += 6 * shape.num_attention_heads * seq_len / layout.cp
+    sp = layout.tp if opts.sequence_parallel and layout.tp > 1 else 1
+    return replicated / sp + split / layout.tp
+
+
+def activation_gib(
+    shape: ModelShape, layout: ParallelLayout, micro_batch: int, seq_len: int, opts: MemoryOptions
+) -> float:
+    """Saved activations of one pipeline stage; 1F1B keeps up to PP micro-batches in flight."""
+    tokens = micro_batch * seq_len / layout.cp
+    per_layer = activation_bytes_per_token_layer(shape, layout, seq_len, opts) * tokens
+    layers = shape.num_layers / layout.pp
+    in_flight = layout.pp
+    if opts.recompute:  # keep only each layer's input, rebuild one layer at a time
+        sp = layout.tp if opts.sequence_parallel and layout.tp > 1 else 1
+        inputs = 2 * shape.hidden_size * tokens / sp
+        return (layers * inputs * in_flight + per_layer) / GiB
+    return layers * per_layer * in_flight / GiB
+
+
+def logits_gib(shape: ModelShape, layout: ParallelLayout, micro_batch: int, seq_len: int) -> float:
+    """Vocab-parallel logits of one micro-batch and what the log-softmax keeps for backward."""
+    tokens = micro_batch * seq_len / layout.cp
+    return tokens * shape.vocab_size / layout.tp * LOGIT_BYTES / GiB
+
+
+def training_state_gib(shape: ModelShape, layout: ParallelLayout, opts: MemoryOptions, shard_optimizer: bool = True):
+    """(weights, gradients, optimizer) in GiB on one GPU during the update."""
+    dense, expert = params_per_gpu(shape, layout)
+    params = dense + expert
+    wbytes = DTYPE_BYTES[opts.dtype]
+    opt_bytes = ADAM_BYTES + (MASTER_BYTES if wbytes < 4 else 0)
+    if opts.optimizer_offload:
+        opt_bytes = 0
+    dense_shards = layout.dp if (opts.use_distributed_optimizer and shard_optimizer) else 1
+    expert_shards = layout.expert_dp if (opts.use_distributed_optimizer and shard_optimizer) else 1
+    optimizer = opt_bytes * (dense / dense_shards + expert / expert_shards)
+    return params * wbytes / GiB, params * GRAD_BYTES / GiB, optimizer / GiB
+
+
+def rollout_gib(shape: ModelShape, rollout_tp: int, dtype: str, seq_len: int, gpu_gib: float, utilization: float):
+    """(weights, KV-cache budget, full-length sequences that fit) of the rollout engine on one GPU."""
+    weights = shape.num_params * DTYPE_BYTES[dtype] / rollout_tp / GiB
+    budget = max(gpu_gib * utilization - weights, 0.0)
+    kv_heads = max(shape.num_kv_heads / rollout_tp, 1)
+    kv_per_token = 2 * shape.num_layers * kv_heads * shape.head_dim * KV_BYTES
+    sequences = budget * GiB / (kv_per_token * seq_len)
+    return weights, budget, sequences
+
+
+def estimate_grpo_memory(
+    shape: ModelShape,
+    layout: ParallelLayout,
+    opts: MemoryOptions,
+    micro_batch: int,
+    seq_len: int,
+    gpu_gib: float,
+    with_reference: bool = True,
+    ref_offload: bool = False,
+    rollout_tp: int = 1,
+    rollout_utilization: float = 0.5,
+    rollout_dtype: str = "bfloat16",
+    free_cache_engine: bool = True,
+    log_prob_micro_batch: int | None = None,
+) -> MemoryEstimate:
+    weights, grads, optimizer = training_state_gib(shape, layout, opts)
+    acts = activation_gib(shape, layout, micro_batch, seq_len, opts)
+    logits = logits_gib(shape, layout, micro_batch, seq_len)
+    reference = weights if with_reference else 0.0
+    r_weights, kv, kv_seqs = rollout_gib(shape, rollout_tp, rollout_dtype, seq_len, gpu_gib, rollout_utilization)
+    rollout = gpu_gib * rollout_utilization
+
+    offloaded = [
+        name
+        for name, on in [
+            ("parameters", opts.param_offload),
+            ("gradients", opts.grad_offload),
+            ("optimizer", opts.optimizer_offload),
+        ]
+        if on
+    ]
+    if with_reference and ref_offload:
+        offloaded.append("reference")
+    resident = (0 if opts.param_offload else weights) + (0 if opts.grad_offload else grads) + optimizer
+    ref_resident = 0 if ref_offload else reference
+    asleep = 0 if free_cache_engine else rollout
+    lp_mb = log_prob_micro_batch or micro_batch
+    # Forward only: one layer's activations at a time, plus the micro-batch's logits.
+    lp_acts = activation_bytes_per_token_layer(shape, layout, seq_len, opts) * lp_mb * seq_len / layout.cp / GiB
+    lp_logits = logits_gib(shape, layout, lp_mb, seq_len)
+    phases = {
+        "generation": resident + ref_resident + rollout,
+        "log_prob": (
+            weights + (0 if opts.grad_offload else grads) + optimizer + ref_resident + asleep + lp_acts + lp_logits
+        ),
+        "update": weights + grads + optimizer + ref_resident + asleep + acts + logits,
+    }
+    if with_reference and ref_offload:
+        phases["log_prob"] = max(phases["log_prob"], phases["log_prob"] + reference)
+    return MemoryEstimate(
+        weights=weights,
+        gradients=grads,
+        optimizer=optimizer,
+        activations=acts,
+        logits=logits,
+        reference=reference,
+        rollout=r_weights,
+        kv_cache=kv,
+        kv_sequences=kv_seqs,
+        phases=phases,
+        offloaded=offloaded,
+    )
+
+
+def forward_backward_peak_gib(
+    shape: ModelShape, layout: ParallelLayout, batch: int, seq_len: int, attention: str
+) -> float:
+    """Peak of a plain 16-bit forward + backward with gradients in 16-bit and no optimizer: what the
+    throughput baselines measured, used to check the activation model."""
+    opts = MemoryOptions(sequence_parallel=False, attention=attention)
+    dense, expert = params_per_gpu(shape, layout)
+    state = (dense + expert) * (2 + 2) / GiB
+    return state + activation_gib(shape, layout, batch, seq_len, opts) + logits_gib(shape, layout, batch, seq_len)

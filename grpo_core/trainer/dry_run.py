@@ -1,0 +1,92 @@
+"""Resolve a run's config and say, before any process group or GPU exists, whether it is consistent
+and will fit: the resolved tree, the parallel layout and the per-GPU memory by phase."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from grpo_core.config import GRPOConfig, load_config, to_yaml
+from grpo_core.config.validate import Report, check_config
+from grpo_core.models.shape import ModelShape, ModelShapeError, load_model_shape
+
+
+@dataclass
+class ResolvedRun:
+    config: GRPOConfig
+    shape: ModelShape | None
+    report: Report
+
+
+def resolve_run(config_path: str | Path | None, overrides: list[str]) -> ResolvedRun:
+    """Load, read the model's shape and check everything. Raises ConfigError only for unreadable input;
+    consistency problems come back in ``report.errors``."""
+    cfg = load_config(config_path, overrides)
+    shape, shape_error = None, None
+    try:
+        shape = load_model_shape(cfg.actor_rollout_ref.model.path)
+    except ModelShapeError as e:
+        shape_error = f"actor_rollout_ref.model.path: {e}"
+    report = check_config(cfg, shape)
+    if shape_error:
+        report.errors.insert(0, shape_error)
+    return ResolvedRun(cfg, shape, report)
+
+
+def render_dry_run(run: ResolvedRun, console: Console) -> None:
+    cfg, report = run.config, run.report
+    console.rule("resolved config")
+    console.print(to_yaml(cfg), markup=False, highlight=False)
+    if run.shape is not None:
+        s = run.shape
+        console.print(
+            f"model: {cfg.actor_rollout_ref.model.path} ({s.model_type}, {s.num_params / 1e9:.2f}B params, "
+            f"{s.num_layers} layers, {s.num_attention_heads} heads / {s.num_kv_heads} KV"
+            + (f", {s.num_experts} experts top-{s.experts_per_token}" if s.is_moe else "")
+            + ")",
+            markup=False,
+        )
+    if report.layout is not None:
+        console.print(f"parallel layout: {report.layout.describe()}", markup=False)
+    if report.memory is not None:
+        console.print(_memory_table(run))
+    for warning in report.warnings:
+        console.print(f"warning: {warning}", style="yellow", markup=False, soft_wrap=True)
+
+
+def _memory_table(run: ResolvedRun) -> Table:
+    cfg, m = run.config, run.report.memory
+    actor = cfg.actor_rollout_ref.actor
+    mega, rollout = actor.megatron, cfg.actor_rollout_ref.rollout
+    layout = run.report.layout
+    seq = cfg.data.max_prompt_length + cfg.data.max_response_length
+    off = set(m.offloaded)
+    sharding = f"sharded over DP={layout.dp}" if mega.use_distributed_optimizer else "not sharded"
+    table = Table(title=f"estimated memory per GPU (GiB), GPU = {cfg.trainer.gpu_memory_gib:g} GiB")
+    table.add_column("what")
+    table.add_column("GiB", justify="right")
+    table.add_column("note")
+    rows = [
+        (f"actor weights ({mega.dtype})", m.weights, "offloaded between phases" if "parameters" in off else ""),
+        ("gradients (fp32 main grads)", m.gradients, "offloaded between phases" if "gradients" in off else ""),
+        (
+            "optimizer (Adam + fp32 master)",
+            m.optimizer,
+            "in host memory, step on CPU" if "optimizer" in off else sharding,
+        ),
+        (
+            f"activations ({actor.ppo_micro_batch_size_per_gpu} x {seq} tokens)",
+            m.activations,
+            "recomputed" if run.config.actor_rollout_ref.model.enable_gradient_checkpointing else "",
+        ),
+        ("logits + log-softmax", m.logits, "vocab-parallel"),
+        ("reference model", m.reference, "offloaded between uses" if "reference" in off else ""),
+        (f"rollout weights (TP={rollout.tensor_model_parallel_size})", m.rollout, rollout.name),
+        ("rollout KV-cache budget", m.kv_cache, f"~{m.kv_sequences:.0f} full sequences at once"),
+    ]
+    for what, gib, note in rows:
+        table.add_row(what, f"{gib:.1f}", note)
+    for phase, gib in m.phases.items():
+        table.add_row(f"phase: {phase}", f"{gib:.1f}", "peak" if phase == m.peak_phase else "", style="bold")
+    return table

@@ -1,0 +1,319 @@
+"""Tests for grpo_core.algos; expected values are worked out by hand in the comments."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from grpo_core.algos import (
+    ADV_ESTIMATORS,
+    KL_PENALTY_TYPES,
+    LOSS_AGG_MODES,
+    agg_loss,
+    compute_grpo_outcome_advantage,
+    compute_policy_loss,
+    get_adv_estimator,
+    kl_penalty,
+    register_adv_estimator,
+)
+
+EPS = 1e-6
+
+
+def _last_token_rewards(scores: list[float], width: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rewards placed on each row's last token (outcome reward), full mask."""
+    rewards = torch.zeros(len(scores), width)
+    rewards[:, -1] = torch.tensor(scores)
+    return rewards, torch.ones(len(scores), width)
+
+
+# ---------------------------------------------------------------- GRPO advantage
+
+
+def test_grpo_group_of_four():
+    # scores [1,0,0,1]: mean 0.5, deviations ±0.5, unbiased var = 4*0.25/3 = 1/3, std = 0.5773503
+    # advantage = ±0.5 / (0.5773503 + 1e-6) = ±0.8660239 (±sqrt(3)/2 up to eps)
+    rewards, mask = _last_token_rewards([1.0, 0.0, 0.0, 1.0])
+    adv, ret = compute_grpo_outcome_advantage(rewards, mask, [7, 7, 7, 7])
+    expected = 0.5 / (math.sqrt(1 / 3) + EPS)
+    torch.testing.assert_close(adv[:, 0], torch.tensor([expected, -expected, -expected, expected]))
+    assert torch.equal(adv, ret)
+    assert torch.equal(adv, adv[:, :1].expand_as(adv))  # the scalar is broadcast over every token
+
+
+def test_grpo_singleton_group_uses_mean_zero_std_one():
+    # a lone row: (3 - 0) / (1 + 1e-6) = 2.999997
+    rewards, mask = _last_token_rewards([3.0])
+    adv, _ = compute_grpo_outcome_advantage(rewards, mask, ["only"])
+    torch.testing.assert_close(adv, torch.full((1, 3), 3.0 / (1 + EPS)))
+
+
+def test_grpo_dr_grpo_skips_std():
+    # scores [1,0,0,1], mean 0.5 -> advantages ±0.5, no std division
+    rewards, mask = _last_token_rewards([1.0, 0.0, 0.0, 1.0])
+    adv, _ = compute_grpo_outcome_advantage(rewards, mask, [0, 0, 0, 0], norm_adv_by_std_in_grpo=False)
+    torch.testing.assert_close(adv[:, 0], torch.tensor([0.5, -0.5, -0.5, 0.5]))
+
+
+def test_grpo_interleaved_string_ids():
+    # group "a" = rows 0,2,3 with scores [1,2,6]: mean 3, devs [-2,-1,3], sum sq 14, var 14/2 = 7,
+    #   std 2.6457513 -> [-0.7559289, -0.3779645, 1.1338934]
+    # group "b" = rows 1,4 with scores [0,4]: mean 2, devs [-2,2], var 8/1 = 8, std 2.8284271
+    #   -> [-0.7071068, 0.7071068]
+    rewards, mask = _last_token_rewards([1.0, 0.0, 2.0, 6.0, 4.0])
+    adv, _ = compute_grpo_outcome_advantage(rewards, mask, np.array(["a", "b", "a", "a", "b"]))
+    sa, sb = math.sqrt(7) + EPS, math.sqrt(8) + EPS
+    expected = torch.tensor([-2 / sa, -2 / sb, -1 / sa, 3 / sa, 2 / sb])
+    torch.testing.assert_close(adv[:, 0], expected)
+
+
+def test_grpo_score_sums_tokens_and_mask_zeroes_padding():
+    # row scores: 0.25+0.75 = 1.0 and 0 + 0 = 0.0 -> mean 0.5, std sqrt(0.5) = 0.7071068
+    # advantages ±0.5/0.7071068 = ±0.7071058 (eps); padded positions (mask 0) must be exactly 0
+    rewards = torch.tensor([[0.25, 0.75, 0.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    adv, ret = compute_grpo_outcome_advantage(rewards, mask, torch.tensor([5, 5]))
+    a = 0.5 / (math.sqrt(0.5) + EPS)
+    torch.testing.assert_close(adv, torch.tensor([[a, a, 0.0], [-a, 0.0, 0.0]]))
+    torch.testing.assert_close(ret, adv)
+
+
+def test_grpo_has_no_grad_and_checks_length():
+    rewards = torch.ones(2, 3, requires_grad=True)
+    adv, _ = compute_grpo_outcome_advantage(rewards, torch.ones(2, 3), [0, 1])
+    assert not adv.requires_grad
+    with pytest.raises(ValueError, match="index"):
+        compute_grpo_outcome_advantage(rewards, torch.ones(2, 3), [0, 1, 2])
+
+
+def _grpo_loop_reference(rewards, mask, index, epsilon, norm):
+    scores = rewards.sum(-1)
+    by_group: dict = {}
+    for i, gid in enumerate(index):
+        by_group.setdefault(gid, []).append(i)
+    out = torch.empty_like(scores)
+    for rows in by_group.values():
+        group_scores = scores[rows]
+        if len(rows) == 1:
+            mean, std = torch.tensor(0.0), torch.tensor(1.0)
+        else:
+            mean, std = group_scores.mean(), group_scores.std()
+        out[rows] = (group_scores - mean) / (std + epsilon) if norm else group_scores - mean
+    return out.unsqueeze(-1) * mask
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_grpo_vectorised_matches_loop(norm):
+    gen = torch.Generator().manual_seed(0)
+    batch, width = 64, 7
+    rewards = torch.randn(batch, width, generator=gen, dtype=torch.float64)
+    mask = (torch.rand(batch, width, generator=gen) < 0.8).double()
+    index = [f"p{i}" for i in torch.randint(0, 20, (batch,), generator=gen).tolist()]  # some singletons
+    adv, _ = compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=norm)
+    torch.testing.assert_close(adv, _grpo_loop_reference(rewards, mask, index, EPS, norm))
+
+
+def test_adv_estimator_registry():
+    assert get_adv_estimator("grpo") is compute_grpo_outcome_advantage
+    with pytest.raises(ValueError, match=r"unknown adv_estimator 'x'; valid: \['grpo'\]"):
+        get_adv_estimator("x")
+    with pytest.raises(ValueError, match="already registered"):
+        register_adv_estimator("grpo")(lambda *a: a)
+    try:
+
+        @register_adv_estimator("test_only")
+        def _dummy(*args):
+            return args
+
+        assert get_adv_estimator("test_only") is _dummy
+    finally:
+        ADV_ESTIMATORS.pop("test_only", None)
+
+
+# ---------------------------------------------------------------- KL penalty
+
+
+def test_kl_penalty_values():
+    # logp = -1, ref = -2: diff = 1 -> k1 = 1, abs = 1, k2 = 0.5*1 = 0.5
+    # k3: d = ref - logp = -1, exp(-1) - (-1) - 1 = exp(-1) = 0.3678794
+    # second element logp = -2, ref = -1: diff = -1 -> k1 = -1, abs = 1, k2 = 0.5
+    #   k3: d = 1, exp(1) - 1 - 1 = 0.7182818
+    logp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-2.0, -1.0])
+    expected = {
+        "k1": [1.0, -1.0],
+        "abs": [1.0, 1.0],
+        "k2": [0.5, 0.5],
+        "k3": [math.exp(-1), math.e - 2],
+    }
+    aliases = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+    for name in KL_PENALTY_TYPES:
+        base = name.removesuffix("+")
+        want = torch.tensor(expected[aliases.get(base, base)])
+        torch.testing.assert_close(kl_penalty(logp, ref, name), want)
+
+
+def test_k3_clamps_at_extremes():
+    # logp=0, ref=-100: d clamps to -20 -> exp(-20) + 20 - 1 ~ 19.0 -> clamped to 10
+    # logp=-100, ref=0: d clamps to 20 -> exp(20) - 21 ~ 4.85e8 -> clamped to 10
+    # logp=0, ref=-5: d = -5 -> exp(-5) + 5 - 1 = 4.0067379 (inside the clamp)
+    # logp=ref: d = 0 -> 1 - 0 - 1 = 0
+    logp = torch.tensor([0.0, -100.0, 0.0, -3.0])
+    ref = torch.tensor([-100.0, 0.0, -5.0, -3.0])
+    out = kl_penalty(logp, ref, "low_var_kl")
+    torch.testing.assert_close(out, torch.tensor([10.0, 10.0, math.exp(-5) + 4, 0.0]))
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", ["low_var_kl+", "k3+", "kl+", "k1+", "abs+"])
+def test_plus_variant_has_base_value_and_k2_gradient(name):
+    # k2 = 0.5 (logp - ref)^2 has gradient (logp - ref) wrt logp:
+    #   logp = -1, ref = -2 -> 1   (k3's own gradient would be 1 - exp(ref - logp) = 0.6321206)
+    #   logp = -3, ref = -1 -> -2  (k1's own would be 1, abs's -1, k3's 1 - e^2 = -6.389056)
+    logp = torch.tensor([-1.0, -3.0], requires_grad=True)
+    ref = torch.tensor([-2.0, -1.0])
+    out = kl_penalty(logp, ref, name)
+    torch.testing.assert_close(out, kl_penalty(logp.detach(), ref, name.removesuffix("+")))
+    out.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([1.0, -2.0]))
+
+
+def test_k2_plus_equals_k2_and_unknown_raises():
+    logp, ref = torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0])
+    for name in ("k2+", "mse+"):
+        torch.testing.assert_close(kl_penalty(logp, ref, name), torch.tensor([0.5, 2.0]))
+    with pytest.raises(ValueError, match="low_var_kl"):
+        kl_penalty(logp, ref, "k4")
+
+
+# ---------------------------------------------------------------- agg_loss
+
+LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+RAGGED = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("token-mean", 2.5),  # (1+2+3+4) / 4 tokens = 10/4
+        ("seq-mean-token-sum", 5.0),  # row sums [6, 4] -> mean 5
+        ("seq-mean-token-mean", 3.0),  # row means [6/3, 4/1] = [2, 4] -> mean 3
+        ("seq-mean-token-sum-norm", 10 / 3),  # (6 + 4) / mask width 3
+    ],
+)
+def test_agg_loss_modes(mode, expected):
+    assert mode in LOSS_AGG_MODES
+    torch.testing.assert_close(agg_loss(LOSS, RAGGED, mode), torch.tensor(expected))
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("token-mean", 1.5),  # (1+2) / 2 tokens
+        ("seq-mean-token-sum", 3.0),  # row sums [3, 0], only 1 non-empty row -> 3/1
+        ("seq-mean-token-mean", 1.5),  # row means [3/2, 0/clamp(0)=0], 1 non-empty row -> 1.5
+        ("seq-mean-token-sum-norm", 1.0),  # (3 + 0) / width 3
+    ],
+)
+def test_agg_loss_empty_row(mode, expected):
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(agg_loss(LOSS, mask, mode), torch.tensor(expected))
+    # a fully masked batch is 0, not NaN
+    assert agg_loss(LOSS, torch.zeros_like(mask), mode).item() == 0.0
+
+
+def test_agg_loss_unknown_mode():
+    with pytest.raises(ValueError, match="token-mean"):
+        agg_loss(LOSS, RAGGED, "sum")
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_agg_loss_denominator_splits_into_micro_batches(mode):
+    gen = torch.Generator().manual_seed(1)
+    loss = torch.randn(6, 5, generator=gen, dtype=torch.float64)
+    mask = (torch.rand(6, 5, generator=gen) < 0.6).double()
+    mask[:, 0] = 1
+    mask[4] = 0  # an empty row inside the second micro-batch
+    n_rows = int((mask.sum(-1) > 0).sum())
+    assert n_rows == 5
+    global_norm = mask.sum().item() if mode == "token-mean" else float(n_rows)
+    micro_batches = (slice(0, 3), slice(3, 6))
+    pieces = sum(agg_loss(loss[s], mask[s], mode, denominator=global_norm) for s in micro_batches)
+    torch.testing.assert_close(pieces, agg_loss(loss, mask, mode))
+
+
+# ---------------------------------------------------------------- compute_policy_loss
+
+
+def _row(values: list[float]) -> torch.Tensor:
+    return torch.tensor([values], dtype=torch.float64)
+
+
+def test_policy_loss_cases_and_metrics():
+    # token | ratio | A  | loss1 = -A r | loss2 = -A clip(r, .8, 1.2) | max  | dual clip (A<0, c=3)
+    #   0   | 1.1   | +1 | -1.1         | -1.1                        | -1.1 | -          -> -1.1 (inside)
+    #   1   | 1.5   | +1 | -1.5         | -1.2                        | -1.2 | -          -> -1.2 (clipped)
+    #   2   | 0.5   | -1 |  0.5         |  0.8                        |  0.8 | min(0.8,3) ->  0.8 (clipped)
+    #   3   | 10    | -1 | 10           |  1.2                        | 10   | min(10,3)  ->  3.0 (dual clip)
+    #   4   | masked out (garbage values must not count)
+    # token-mean: (-1.1 - 1.2 + 0.8 + 3.0) / 4 = 1.5 / 4 = 0.375
+    # pg_clipfrac: loss2 > loss1 on tokens 1, 2 -> 2/4 = 0.5; pg_clipfrac_lower: token 3 -> 1/4
+    # ppo_kl = mean(old - new) = -ln(1.1 * 1.5 * 0.5 * 10) / 4 = -ln(8.25) / 4 = -0.5275533
+    ratios = [1.1, 1.5, 0.5, 10.0, 50.0]
+    log_prob = _row([math.log(r) for r in ratios])
+    old = torch.zeros_like(log_prob)
+    adv = _row([1.0, 1.0, -1.0, -1.0, -7.0])
+    mask = _row([1.0, 1.0, 1.0, 1.0, 0.0])
+    loss, metrics = compute_policy_loss(old, log_prob, adv, mask)
+    torch.testing.assert_close(loss, torch.tensor(0.375, dtype=torch.float64))
+    torch.testing.assert_close(metrics["pg_clipfrac"], torch.tensor(0.5, dtype=torch.float64))
+    torch.testing.assert_close(metrics["pg_clipfrac_lower"], torch.tensor(0.25, dtype=torch.float64))
+    torch.testing.assert_close(metrics["ppo_kl"], torch.tensor(-math.log(8.25) / 4, dtype=torch.float64))
+    assert all(m.dim() == 0 and not m.requires_grad for m in metrics.values())
+
+
+def test_policy_loss_asymmetric_clip_higher():
+    # low = 0.2, high = 0.28 -> clip range [0.8, 1.28]
+    # token 0: r = 1.25, A = +1: 1.25 < 1.28 not clipped -> -1.25 (symmetric 0.2 would give -1.2)
+    # token 1: r = 1.5,  A = +1: clipped at 1.28 -> -1.28
+    # token 2: r = 0.75, A = -1: max(0.75, 0.8) -> 0.8 (low bound still 0.2)
+    # seq-mean-token-sum over one row: -1.25 - 1.28 + 0.8 = -1.73; clipfrac 2/3
+    log_prob = _row([math.log(1.25), math.log(1.5), math.log(0.75)])
+    adv = _row([1.0, 1.0, -1.0])
+    mask = torch.ones_like(adv)
+    loss, metrics = compute_policy_loss(
+        torch.zeros_like(log_prob),
+        log_prob,
+        adv,
+        mask,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        loss_agg_mode="seq-mean-token-sum",
+    )
+    torch.testing.assert_close(loss, torch.tensor(-1.73, dtype=torch.float64))
+    torch.testing.assert_close(metrics["pg_clipfrac"], torch.tensor(2 / 3, dtype=torch.float64))
+    # clip_ratio alone sets both sides: token 0 is now clipped at 1.2 -> -1.2 - 1.2 + 0.8 = -1.6
+    loss, _ = compute_policy_loss(
+        torch.zeros_like(log_prob), log_prob, adv, mask, clip_ratio=0.2, loss_agg_mode="seq-mean-token-sum"
+    )
+    torch.testing.assert_close(loss, torch.tensor(-1.6, dtype=torch.float64))
+
+
+def test_policy_loss_gradient():
+    # token 0: old = 0, logp = 0.1, A = 2: r = exp(0.1) = 1.1051709 inside [0.8, 1.2]
+    #   loss = -A r, d/dlogp = -A r = -2.2103418, token-mean over 2 tokens -> -1.1051709
+    # token 1: r = exp(0.5) = 1.6487 > 1.2 with A = +1: clipped branch is constant -> gradient 0
+    # token 2: masked -> gradient 0
+    log_prob = _row([0.1, 0.5, 0.3]).requires_grad_()
+    adv = _row([2.0, 1.0, 1.0])
+    mask = _row([1.0, 1.0, 0.0])
+    loss, _ = compute_policy_loss(torch.zeros_like(adv), log_prob, adv, mask)
+    loss.backward()
+    torch.testing.assert_close(log_prob.grad, _row([-math.exp(0.1), 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("clip_ratio_c", [1.0, 0.5])
+def test_policy_loss_rejects_bad_dual_clip(clip_ratio_c):
+    x = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        compute_policy_loss(x, x, x, torch.ones(1, 2), clip_ratio_c=clip_ratio_c)

@@ -1,0 +1,89 @@
+"""`grpo plan`, `grpo prepare` and `grpo keys` through the command line entry point."""
+
+import re
+
+import pyarrow.parquet as pq
+import pytest
+
+from grpo_core.cli import main
+
+
+def overrides_from_plan(out: str) -> list[str]:
+    block = out.split("overrides:", 1)[1].split("estimated GiB", 1)[0]
+    return [tok for tok in re.split(r"[\s\\]+", block) if "=" in tok]
+
+
+@pytest.mark.parametrize(
+    "model,gpus,layout",
+    [
+        ("Qwen/Qwen2-7B-Instruct", 8, "TP=2 PP=2"),
+        ("Qwen/Qwen2.5-32B", 16, "TP=4 PP=4"),
+        ("meta-llama/Llama-3.1-70B", 32, "TP=8 PP=4"),
+    ],
+)
+def test_plan_reproduces_the_guide_matrix_and_its_overrides_pass_a_dry_run(model, gpus, layout, capsys):
+    assert main(["plan", "--model", model, "--gpus", str(gpus), "--gpu-memory", "80", "--seq-len", "1536"]) == 0
+    out = capsys.readouterr().out
+    assert layout in out
+    assert "fits in 50% of 80 GiB" in out  # the reason is stated with its numbers
+    overrides = overrides_from_plan(out)
+    nodes = max(gpus // 8, 1)
+    args = [
+        "train",
+        "--dry-run",
+        f"actor_rollout_ref.model.path={model}",
+        f"trainer.nnodes={nodes}",
+        "trainer.n_gpus_per_node=8",
+        "data.max_prompt_length=512",
+        "data.max_response_length=1024",
+        "data.train_batch_size=256",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+        *overrides,
+    ]
+    assert main(args) == 0, capsys.readouterr().err
+
+
+def test_plan_moe_uses_expert_parallelism(capsys):
+    assert main(["plan", "--model", "Qwen/Qwen3-235B-A22B", "--gpus", "64", "--gpu-memory", "80"]) == 0
+    out = capsys.readouterr().out
+    assert "EP=8" in out and "expert_model_parallel_size=8" in out
+    assert "num_layers_in_first_pipeline_stage" in out  # 94 layers over PP=8 need uneven stages
+
+
+def test_plan_refuses_what_cannot_fit(capsys):
+    assert main(["plan", "--model", "meta-llama/Llama-3.1-70B", "--gpus", "2", "--gpu-memory", "24"]) == 2
+    assert "does not fit" in capsys.readouterr().err
+    assert main(["plan", "--model", "./missing-model", "--gpus", "2", "--gpu-memory", "24"]) == 2
+    assert "no such model directory" in capsys.readouterr().err
+
+
+def test_prepare_full_gsm8k(shared_dir, tmp_path, capsys):
+    out_dir = tmp_path / "gsm8k"
+    assert main(["prepare", "--source", str(shared_dir / "data" / "gsm8k"), "--output", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "train: 7473 rows" in out and "test: 1319 rows" in out
+    test = pq.read_table(out_dir / "test.parquet").to_pylist()
+    assert test[0]["reward_model"] == {
+        "style": "rule",
+        "ground_truth": "18",
+    }  # Janet's ducks: 16-3-4=9, 9*2=18
+    assert main(["prepare", "--source", str(shared_dir / "data" / "gsm8k"), "--output", str(out_dir)]) == 0
+    assert "unchanged input, kept" in capsys.readouterr().out
+
+
+def test_prepare_bad_source_exits_2(tmp_path, capsys):
+    assert main(["prepare", "--source", str(tmp_path / "nope"), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "does not exist" in err
+
+
+def test_keys_lists_help(capsys):
+    assert main(["keys", "actor_rollout_ref.actor.kl"]) == 0
+    out = capsys.readouterr().out
+    assert "kl_loss_coef" in out and "weight of the KL loss" in out
+
+
+def test_unknown_arguments_are_usage_errors(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--model", "x", "--gpus", "1", "--gpu-memory", "1", "stray"])
+    assert e.value.code == 2

@@ -1,0 +1,108 @@
+"""Loading configs: schema defaults and docs, YAML + overrides, aliases, unknown keys, file/line errors."""
+
+import pytest
+
+from grpo_core.config import ALIASES, ConfigError, load_config, to_flat_dict
+from grpo_core.config.schema import iter_settings
+from tests.conftest import REPO
+
+
+def problems_of(path=None, overrides=()) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        load_config(path, list(overrides))
+    return e.value.problems
+
+
+def test_every_setting_has_a_default_and_help():
+    settings = dict(iter_settings())
+    assert len(settings) > 100
+    for key, f in settings.items():
+        assert f.metadata.get("help"), f"{key} has no help text"
+    cfg = load_config(None)
+    assert cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.actor_rollout_ref.model.trust_remote_code is False
+    assert cfg.trainer.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+
+
+def test_overrides_are_typed_by_the_schema():
+    cfg = load_config(
+        None,
+        [
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+            "actor_rollout_ref.actor.optim.lr=3e-6",
+            "actor_rollout_ref.actor.use_kl_loss=false",
+            "data.train_files=one.parquet",
+            "trainer.logger=[console,mlflow]",
+            "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full",
+            "+trainer.env.NCCL_IB_DISABLE=1",
+        ],
+    )
+    assert cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == 2
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(3e-6)
+    assert cfg.actor_rollout_ref.actor.use_kl_loss is False
+    assert cfg.data.train_files == ["one.parquet"]
+    assert cfg.trainer.logger == ["console", "mlflow"]
+    assert cfg.actor_rollout_ref.actor.megatron.override_transformer_config == {"recompute_granularity": "full"}
+    assert cfg.trainer.env["NCCL_IB_DISABLE"] == "1"
+
+
+def test_file_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("trainer:\n  nnodes: 2\n  n_gpus_per_node: 4\nalgorithm:\n  group_size: 6\n")
+    cfg = load_config(path, ["trainer.nnodes=3"])
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (3, 4)
+    assert cfg.actor_rollout_ref.rollout.n == 6  # the guide's alias landed on verl's key
+    # The command line wins over the file even when it uses the other spelling.
+    assert load_config(path, ["actor_rollout_ref.rollout.n=8"]).actor_rollout_ref.rollout.n == 8
+
+
+@pytest.mark.parametrize("alias,canonical", sorted(ALIASES.items()))
+def test_aliases_agree_or_conflict(alias, canonical):
+    cfg = load_config(None, [f"{alias}=7"])
+    node = cfg
+    for part in canonical.split("."):
+        node = getattr(node, part)
+    assert node == 7
+    assert load_config(None, [f"{alias}=7", f"{canonical}=7"])  # both, same value: fine
+    (problem,) = problems_of(overrides=[f"{alias}=7", f"{canonical}=9"])
+    assert alias in problem and canonical in problem and "conflicts" in problem
+
+
+def test_unknown_keys_point_at_the_line_and_suggest(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data:\n  train_batch_size: 8\nactor_rollout_ref:\n  actor:\n    ppo_epoch: 2\n")
+    (problem,) = problems_of(path)
+    assert problem.startswith(f"{path}:5:")
+    assert "did you mean 'actor_rollout_ref.actor.ppo_epochs'" in problem
+
+
+def test_every_problem_is_reported_at_once():
+    problems = problems_of(overrides=["trainer.nnodes=two", "trainer.n_gpu_per_node=4", "bogus"])
+    assert len(problems) == 3
+    assert any("trainer.nnodes='two' is not a valid int" in p for p in problems)
+    assert any("did you mean 'trainer.n_gpus_per_node'" in p for p in problems)
+    assert any("expected key=value" in p for p in problems)
+
+
+def test_adding_a_free_form_key_needs_plus():
+    (problem,) = problems_of(overrides=["trainer.env.NEW_VAR=1"])
+    assert "+trainer.env.NEW_VAR" in problem
+
+
+def test_malformed_and_missing_files(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data:\n  train_batch_size: [1, 2\ntrainer: {}\n")
+    (problem,) = problems_of(bad)
+    assert problem.startswith(f"{bad}:") and "malformed YAML" in problem
+    (problem,) = problems_of(tmp_path / "missing.yaml")
+    assert "config file not found" in problem
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- a\n- b\n")
+    assert "must be a mapping" in problems_of(listy)[0]
+
+
+def test_shipped_configs_load_and_flatten():
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        flat = to_flat_dict(load_config(path))
+        assert flat["algorithm.adv_estimator"] == "grpo", path
+        assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size" in flat

@@ -1,0 +1,115 @@
+"""`grpo train --dry-run`: the guide's command lines pass; invalid configurations exit 2 with one clear
+message each and no traceback."""
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from grpo_core.cli import main
+from tests.conftest import REPO
+
+BASE = str(REPO / "configs" / "grpo_base.yaml")
+MEGA = "actor_rollout_ref.actor.megatron."
+
+GUIDE_COMMANDS = [
+    f"--config {BASE} --dry-run",
+    f"--config {BASE} algorithm.adv_estimator=grpo {MEGA}tensor_model_parallel_size=2 "
+    f"{MEGA}pipeline_model_parallel_size=2 actor_rollout_ref.rollout.tensor_model_parallel_size=2 "
+    "algorithm.group_size=5 actor_rollout_ref.actor.kl_coeff=0.001 actor_rollout_ref.actor.use_kl_loss=True "
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.gradient_clipping=1.0 "
+    "trainer.nnodes=1 trainer.n_gpus_per_node=8 --dry-run",
+    f"--config {BASE} {MEGA}param_offload=True {MEGA}grad_offload=True {MEGA}optimizer_offload=True "
+    f"+{MEGA}override_transformer_config.recompute_granularity=full "
+    f"+{MEGA}override_transformer_config.recompute_method=uniform "
+    f"+{MEGA}override_transformer_config.recompute_num_layers=1 --dry-run",
+    f"--config {BASE} actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct {MEGA}dtype=float16 "
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 --dry-run",
+    f"--config {REPO}/configs/grpo_advanced.yaml --dry-run",
+    f"--config {REPO}/configs/grpo_megatron_large.yaml --dry-run",
+    f"--config {REPO}/configs/demo_cpu.yaml --dry-run",
+    f"--config {BASE} actor_rollout_ref.model.path=meta-llama/Llama-3.1-8B trainer.nnodes=2 "
+    f"{MEGA}tensor_model_parallel_size=4 --dry-run",
+]
+
+
+@pytest.mark.parametrize("command", GUIDE_COMMANDS)
+def test_guide_command_lines_pass(command, capsys):
+    assert main(["train", *shlex.split(command)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "dry run OK" in out and "parallel layout:" in out and "phase: update" in out
+
+
+def test_dry_run_prints_layout_and_memory(capsys):
+    assert main(["train", "--config", BASE, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "world=8 TP=2 PP=2 CP=1 DP=2" in out
+    for row in ("actor weights", "gradients", "optimizer", "activations", "reference model", "KV-cache"):
+        assert row in out
+    assert "tensor_model_parallel_size: 2" in out  # the resolved config
+
+
+INVALID = [
+    (
+        [f"{MEGA}tensor_model_parallel_size=2", "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4"],
+        "tensor model parallel size mismatch: actor=2, ref=4",
+    ),
+    (["algorithm.adv_estimator=gae"], "algorithm.adv_estimator='gae' is not valid; valid: ['grpo']"),
+    (["actor_rollout_ref.actor.kl_loss_type=low_var"], "kl_loss_type='low_var' is not valid; valid: ["),
+    (["actor_rollout_ref.actor.loss_agg_mode=mean"], "loss_agg_mode='mean' is not valid"),
+    (["algorithm.group_size=1"], "needs at least 2 per prompt"),
+    ([f"{MEGA}tensor_model_parallel_size=3"], "world size 8 is not divisible by TP*PP*CP"),
+    (
+        [f"{MEGA}tensor_model_parallel_size=8", f"{MEGA}pipeline_model_parallel_size=1"],
+        "attention heads (28) are not divisible by TP=8",
+    ),
+    (["trainer.n_gpus_per_node=6", f"{MEGA}pipeline_model_parallel_size=3"], "layers (28) are not divisible by PP=3"),
+    ([f"{MEGA}expert_model_parallel_size=2"], "needs an MoE model"),
+    (["data.train_batch_size=1000"], "is not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size=256"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=7"], "not a multiple of ppo_micro_batch_size_per_gpu=7"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64"], "exceeds trainer.gpu_memory_gib=80"),
+    (["trainer.nnodes=0"], "trainer.nnodes=0 must be >= 1"),
+    (["trainer.nnodes=two"], "trainer.nnodes='two' is not a valid int"),
+    (["trainer.n_gpu_per_node=8"], "did you mean 'trainer.n_gpus_per_node'"),
+    (["trainer.logger=[console,wandb]"], "trainer.logger entry 'wandb' is not valid"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=3"], "rollout tensor parallel size 3"),
+    (["data.max_response_length=40000"], "exceeds the model's max_position_embeddings"),
+    ([f"+{MEGA}override_transformer_config.recompute_granularty=full"], "did you mean 'recompute_granularity'"),
+    (["actor_rollout_ref.model.path=./no/such/model"], "no such model directory"),
+    (["actor_rollout_ref.rollout.gpu_memory_utilization=0.05"], "cannot hold one 1536-token sequence"),
+    (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "clip_ratio_c=1.0 must be > 1"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", INVALID, ids=[m for _, m in INVALID])
+def test_invalid_configurations_exit_2(overrides, message, capsys):
+    assert main(["train", "--config", BASE, *overrides, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert "nothing was started" in err
+
+
+def test_a_process_exits_2_without_a_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  nnodes: [\n")
+    for args in (
+        ["--config", str(bad)],
+        ["--config", str(tmp_path / "none.yaml")],
+        ["algorithm.group_size=1"],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "grpo_core.trainer.main_ppo", *args, "--dry-run"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+
+
+def test_warnings_do_not_fail(capsys):
+    assert main(["train", "--config", BASE, "algorithm.group_size=16", "--dry-run"]) == 0
+    assert "outside the guide's 5-10" in capsys.readouterr().out
