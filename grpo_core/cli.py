@@ -1,4 +1,4 @@
-"""The ``grpo`` command: train (with --dry-run), plan, prepare, keys.
+"""The ``grpo`` command: train (with --dry-run), plan, prepare, export, keys.
 
 Every failure a user can cause ends in one clear message and a non-zero exit: 2 for invalid
 configuration or input, 1 for anything else; never a bare traceback.
@@ -94,6 +94,18 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from grpo_core.trainer.checkpoint import CheckpointError
+    from grpo_core.trainer.export import export_checkpoint
+
+    try:
+        out = export_checkpoint(args.checkpoint, args.out_dir)
+    except CheckpointError as e:
+        raise UserError(str(e)) from None
+    console.print(f"exported {args.checkpoint} as a Hugging Face model: {out}", markup=False)
+    return 0
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
     for key, f in iter_settings():
         if args.prefix and not key.startswith(args.prefix):
@@ -128,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--output", default="data/gsm8k", help="output directory")
     prepare.add_argument("--force", action="store_true", help="rewrite even if the input is unchanged")
     prepare.set_defaults(func=cmd_prepare)
+
+    export = sub.add_parser("export", help="write a training checkpoint as a Hugging Face model")
+    export.add_argument("checkpoint", help="a checkpoint directory (…/step_000100)")
+    export.add_argument("out_dir")
+    export.set_defaults(func=cmd_export)
 
     keys = sub.add_parser("keys", help="list every config key with its type, default and help")
     keys.add_argument("prefix", nargs="?", default="", help="only keys starting with this")

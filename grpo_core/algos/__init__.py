@@ -7,12 +7,13 @@ from grpo_core.algos.advantage import (
     register_adv_estimator,
 )
 from grpo_core.algos.kl import KL_PENALTY_TYPES, kl_penalty
-from grpo_core.algos.policy_loss import LOSS_AGG_MODES, agg_loss, compute_policy_loss
+from grpo_core.algos.policy_loss import LOSS_AGG_MODES, agg_denominator, agg_loss, compute_policy_loss
 
 __all__ = [
     "ADV_ESTIMATORS",
     "KL_PENALTY_TYPES",
     "LOSS_AGG_MODES",
+    "agg_denominator",
     "agg_loss",
     "compute_grpo_outcome_advantage",
     "compute_policy_loss",

@@ -41,6 +41,20 @@ def agg_loss(
     return per_row.sum() / norm
 
 
+def agg_denominator(loss_mask: torch.Tensor, loss_agg_mode: str) -> int:
+    """The normaliser ``agg_loss`` divides by for this mask: tokens, non-empty rows, or the mask width.
+
+    Summed over micro-batches and data-parallel ranks it is the global normaliser, which makes the
+    aggregate independent of how a mini-batch is split."""
+    if loss_agg_mode == "token-mean":
+        return int(loss_mask.sum().item())
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return loss_mask.shape[-1]
+    if loss_agg_mode in LOSS_AGG_MODES:
+        return int((loss_mask.sum(dim=-1) > 0).sum().item())
+    raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {list(LOSS_AGG_MODES)}")
+
+
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return ((values * mask).sum() / mask.sum().clamp(min=1)).detach()
 
@@ -55,12 +69,14 @@ def compute_policy_loss(
     clip_ratio_high: float | None = None,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    denominator: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate loss with clip-higher bounds and dual clip; all inputs [batch, response_len].
 
     The ratio is clipped to [1 - low, 1 + high]; for negative advantages the loss is further capped at
     -A * clip_ratio_c, so one token whose probability exploded cannot dominate the batch.
     Returns (scalar loss, metrics of 0-dim detached tensors: pg_clipfrac, ppo_kl, pg_clipfrac_lower).
+    ``denominator`` is passed to ``agg_loss`` (a global normaliser for micro-batched training).
     """
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1.0, got {clip_ratio_c}")
@@ -76,7 +92,7 @@ def compute_policy_loss(
     negative = advantages < 0
     losses = torch.where(negative, torch.minimum(clipped, loss3), clipped)
 
-    pg_loss = agg_loss(losses, response_mask, loss_agg_mode)
+    pg_loss = agg_loss(losses, response_mask, loss_agg_mode, denominator)
     metrics = {
         "pg_clipfrac": _masked_mean((loss2 > loss1).float(), response_mask),
         "ppo_kl": _masked_mean(-neg_kl, response_mask),

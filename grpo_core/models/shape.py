@@ -35,6 +35,8 @@ class ModelShape:
     num_experts: int = 0
     moe_ffn_hidden_size: int = 0
     experts_per_token: int = 0
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
 
     @property
     def is_moe(self) -> bool:
@@ -107,12 +109,22 @@ class ModelShape:
                 max_position_embeddings=config.get("max_position_embeddings", 4096),
                 qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
                 qk_norm=model_type.startswith("qwen3"),
-                num_experts=config.get("num_experts", 0) or 0,
+                num_experts=config.get("num_experts") or config.get("num_local_experts") or 0,
                 moe_ffn_hidden_size=config.get("moe_intermediate_size", 0) or 0,
                 experts_per_token=config.get("num_experts_per_tok", 0) or 0,
+                rope_theta=_rope_theta(config),
+                norm_eps=float(config.get("rms_norm_eps") or 1e-6),
             )
         except KeyError as e:
             raise ModelShapeError(f"config.json has no {e.args[0]!r}") from None
+
+
+def _rope_theta(config: dict) -> float:
+    """transformers 5 nests the base in ``rope_parameters`` (older configs: top level or ``rope_scaling``)."""
+    for section in (config, config.get("rope_parameters") or {}, config.get("rope_scaling") or {}):
+        if section.get("rope_theta") is not None:
+            return float(section["rope_theta"])
+    return 10000.0
 
 
 def _read_local(path: Path) -> dict:

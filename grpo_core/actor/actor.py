@@ -1,0 +1,379 @@
+"""The policy on megatron-core: log-probs and the GRPO update, on any TP/PP/DP layout.
+
+One class for both roles: the actor (trainable: DDP, distributed optimizer, lr schedule) and the frozen
+reference (no gradients, no optimizer). Every rank holds the whole rollout batch; each data-parallel
+rank works on its own slice and results are gathered back, so callers never see the layout.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from grpo_core.actor import offload
+from grpo_core.actor.logprobs import log_probs_and_entropy
+from grpo_core.actor.loss import LossSettings, grpo_loss
+from grpo_core.actor.parallel import device
+from grpo_core.data.batch import RolloutBatch
+from grpo_core.models.bridge import build_model, load_hf_weights, transformer_config
+from grpo_core.models.shape import ModelShape
+from grpo_core.planning.layout import ParallelLayout
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ActorSettings:
+    """What the actor needs from the config tree (``actor_rollout_ref.actor`` and its ``megatron``)."""
+
+    layout: ParallelLayout
+    dtype: str = "float32"
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = True
+    optimizer_offload: bool = False  # Adam states in host memory, step on the CPU (GPU runs only)
+    recompute: bool = False
+    transformer_overrides: dict | None = None
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    lr_warmup_steps: int = 0
+    lr_decay_style: str = "constant"
+    total_optimizer_steps: int = 1
+    grad_clip: float = 1.0
+    mini_batch_rows: int = 8  # responses per optimizer step (ppo_mini_batch_size x rollout.n)
+    micro_batch_rows: int = 4  # responses per forward/backward on one GPU
+    ppo_epochs: int = 1
+    loss: LossSettings = LossSettings()
+
+    @classmethod
+    def from_config(cls, cfg, layout: ParallelLayout, total_optimizer_steps: int) -> "ActorSettings":
+        """From the resolved ``GRPOConfig``: verl's keys mapped onto what the actor needs."""
+        actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
+        m, optim = actor.megatron, actor.optim
+        warmup = optim.lr_warmup_steps
+        if warmup < 0:
+            warmup = int(optim.lr_warmup_steps_ratio * total_optimizer_steps)
+        overrides = dict(m.override_transformer_config)
+        recompute = cfg.actor_rollout_ref.model.enable_gradient_checkpointing
+        return cls(
+            layout=layout, dtype=m.dtype, sequence_parallel=m.sequence_parallel,
+            use_distributed_optimizer=m.use_distributed_optimizer, optimizer_offload=m.optimizer_offload,
+            recompute=recompute and "recompute_granularity" not in overrides, transformer_overrides=overrides,
+            lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay, adam_beta1=optim.adam_beta1,
+            adam_beta2=optim.adam_beta2, lr_warmup_steps=warmup, lr_decay_style=optim.lr_decay_style,
+            total_optimizer_steps=total_optimizer_steps, grad_clip=actor.grad_clip,
+            mini_batch_rows=actor.ppo_mini_batch_size * n, micro_batch_rows=actor.ppo_micro_batch_size_per_gpu,
+            ppo_epochs=actor.ppo_epochs, loss=LossSettings.from_actor_config(actor),
+        )  # fmt: skip
+
+
+def causal_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[b, s] (1 = token) -> [b, 1, s, s] bool, True = masked, as megatron expects.
+
+    A padding query still attends to itself, so no row is fully masked (that would give NaN)."""
+    s = attention_mask.shape[1]
+    causal = torch.ones(s, s, dtype=torch.bool, device=attention_mask.device).triu(1)
+    masked = causal[None, None] | (attention_mask[:, None, None, :] == 0)
+    return masked & ~torch.eye(s, dtype=torch.bool, device=attention_mask.device)
+
+
+def _keep_adam_step_on_load(optimizer) -> None:
+    """Work around megatron-core (0.16-0.19) with torch's Adam (no Apex/TE): loading a "fully_reshardable"
+    optimizer state copies every key of the Adam state, ``step`` included, from tensors that leave ``step``
+    out on purpose (it is restored separately), and fails with KeyError('step'). Supply the step it
+    already restored, so the copy is a no-op for that key."""
+    original = getattr(optimizer, "_set_main_param_and_optimizer_states", None)
+    if original is None or getattr(original, "_keeps_step", False):
+        return
+
+    def set_states(model_param, tensors):
+        group, order = optimizer.model_param_group_index_map[model_param]
+        main_param = optimizer.optimizer.param_groups[group]["params"][order]
+        step = optimizer.optimizer.state.get(main_param, {}).get("step")
+        if step is not None and "step" not in tensors:
+            tensors = {**tensors, "step": step.clone()}
+        return original(model_param, tensors)
+
+    set_states._keeps_step = True
+    optimizer._set_main_param_and_optimizer_states = set_states
+
+
+class MegatronActor:
+    def __init__(self, shape: ModelShape, settings: ActorSettings, hf_path: str | None = None, trainable: bool = True):
+        self.shape, self.s, self.trainable = shape, settings, trainable
+        layout = settings.layout
+        self.config = transformer_config(
+            shape, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, etp=layout.etp,
+            sequence_parallel=settings.sequence_parallel and layout.tp > 1, dtype=settings.dtype,
+            recompute="full" if settings.recompute else None, overrides=settings.transformer_overrides,
+        )  # fmt: skip
+        self.config.calculate_per_token_loss = True  # see actor/loss.py: (sum, denominator) per micro-batch
+        if layout.pp > 1:
+            self.config.pipeline_dtype = DTYPES[settings.dtype]
+        self.model = self._build_chunks()
+        self._param_host, self._grad_host = offload.HostOffloader(), offload.HostOffloader()
+        if hf_path is not None:
+            for chunk in self.model:
+                load_hf_weights(chunk, hf_path, shape)
+        if trainable:
+            self._wrap_for_training()
+        else:
+            for chunk in self.model:
+                chunk.requires_grad_(False)
+                chunk.eval()
+
+    def _build_chunks(self) -> list[torch.nn.Module]:
+        vpp = self.s.layout.vpp
+        if vpp is None:
+            return [build_model(self.shape, self.config).to(device())]
+        return [build_model(self.shape, self.config, vp_stage=i).to(device()) for i in range(vpp)]
+
+    def _wrap_for_training(self) -> None:
+        s = self.s
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=s.use_distributed_optimizer
+        )
+        self.model = [
+            DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=chunk) for chunk in self.model
+        ]
+        opt_config = OptimizerConfig(
+            optimizer="adam", lr=s.lr, min_lr=s.min_lr, weight_decay=s.weight_decay, adam_beta1=s.adam_beta1,
+            adam_beta2=s.adam_beta2, clip_grad=s.grad_clip, bf16=s.dtype == "bfloat16", fp16=s.dtype == "float16",
+            params_dtype=DTYPES[s.dtype], use_distributed_optimizer=s.use_distributed_optimizer,
+        )  # fmt: skip
+        if s.optimizer_offload and torch.cuda.is_available():  # on a CPU the states are in host memory already
+            opt_config.optimizer_cpu_offload = True
+            opt_config.optimizer_offload_fraction = 1.0
+        self.optimizer = get_megatron_optimizer(opt_config, self.model)
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=0.0 if s.lr_warmup_steps else s.lr, max_lr=s.lr, min_lr=s.min_lr,
+            lr_warmup_steps=s.lr_warmup_steps, lr_decay_steps=max(s.total_optimizer_steps, 1),
+            lr_decay_style=s.lr_decay_style, start_wd=s.weight_decay, end_wd=s.weight_decay,
+            wd_incr_steps=max(s.total_optimizer_steps, 1), wd_incr_style="constant",
+        )  # fmt: skip
+        self.config.finalize_model_grads_func = finalize_model_grads
+        self.config.grad_scale_func = self.optimizer.scale_loss
+        self.config.no_sync_func = [chunk.no_sync for chunk in self.model]
+        if len(self.model) == 1:
+            self.config.no_sync_func = self.config.no_sync_func[0]
+
+    # ---- forward ----------------------------------------------------------------------------------
+
+    def _padded_length(self, length: int) -> int:
+        """Sequence parallelism splits the sequence over TP ranks, context parallelism over 2*CP chunks."""
+        multiple = (self.s.layout.tp if self.config.sequence_parallel else 1) * (2 * self.s.layout.cp if self.s.layout.cp > 1 else 1)
+        return -(-length // multiple) * multiple
+
+    def _forward(self, model: torch.nn.Module, mb: RolloutBatch) -> torch.Tensor:
+        ids, attn = mb.input_ids, mb.attention_mask
+        pad = self._padded_length(ids.shape[1]) - ids.shape[1]
+        if pad:
+            ids = torch.nn.functional.pad(ids, (0, pad))
+            attn = torch.nn.functional.pad(attn, (0, pad))
+        positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
+        return model(ids, positions, causal_padding_mask(attn))
+
+    def _response_log_probs(self, logits: torch.Tensor, mb: RolloutBatch, entropy_grad: bool):
+        """Logits at positions P-1 .. P+R-2 predict the R response tokens."""
+        total, r = mb.input_ids.shape[1], mb.response_length
+        logits = logits[:, total - r - 1 : total - 1]
+        return log_probs_and_entropy(logits, mb.responses, self.shape.vocab_size, entropy_grad=entropy_grad)
+
+    def _run(self, batches: list[RolloutBatch], step_fn, forward_only: bool) -> list[dict]:
+        """Micro-batches through megatron's pipeline schedule; the loss dicts of the last stage."""
+        iterators: list[Iterator] = [iter(batches) for _ in self.model]
+        seq_length = self._padded_length(batches[0].input_ids.shape[1])
+        return get_forward_backward_func()(
+            forward_step_func=step_fn,
+            data_iterator=iterators if len(iterators) > 1 else iterators[0],
+            model=self.model if len(self.model) > 1 else self.model[0],
+            num_microbatches=len(batches),
+            seq_length=seq_length,
+            micro_batch_size=batches[0].batch_size,
+            forward_only=forward_only,
+        )
+
+    # ---- data-parallel plumbing -------------------------------------------------------------------
+
+    def _dp_slice(self, batch: RolloutBatch) -> RolloutBatch:
+        dp, rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+        if batch.batch_size % dp:
+            raise ValueError(f"{batch.batch_size} rows do not split over DP={dp}")
+        per_rank = batch.batch_size // dp
+        return batch.rows(slice(rank * per_rank, (rank + 1) * per_rank))
+
+    def _from_last_stage(self, t: torch.Tensor) -> torch.Tensor:
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            dist.broadcast(t, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group())
+        return t
+
+    def _gather_dp(self, t: torch.Tensor) -> torch.Tensor:
+        dp = ps.get_data_parallel_world_size()
+        if dp == 1:
+            return t
+        parts = [torch.empty_like(t) for _ in range(dp)]
+        dist.all_gather(parts, t.contiguous(), group=ps.get_data_parallel_group())
+        return torch.cat(parts)
+
+    # ---- public -----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def compute_log_prob(self, batch: RolloutBatch, micro_batch_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs, entropy) of every response token, [B, R] each, on every rank."""
+        self.reload_from_host()
+        for chunk in self.model:
+            chunk.eval()
+        local = self._dp_slice(batch).to(device())
+        micro = local.split(micro_batch_rows or self.s.micro_batch_rows)
+
+        def step(data_iterator, model):
+            mb = next(data_iterator)
+
+            def collect(output):
+                lp, ent = self._response_log_probs(output, mb, entropy_grad=False)
+                return output.new_zeros(()), {"log_probs": lp, "entropy": ent}
+
+            return self._forward(model, mb), collect
+
+        outputs = self._run(micro, step, forward_only=True)
+        shape = (local.batch_size, local.response_length)
+        log_probs = torch.zeros(shape, device=device())
+        entropy = torch.zeros(shape, device=device())
+        if outputs:
+            log_probs = torch.cat([o["log_probs"] for o in outputs]).float()
+            entropy = torch.cat([o["entropy"] for o in outputs]).float()
+        log_probs, entropy = self._from_last_stage(log_probs), self._from_last_stage(entropy)
+        return self._gather_dp(log_probs).cpu(), self._gather_dp(entropy).cpu()
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """PPO epochs x mini-batches of the GRPO loss; one optimizer step per mini-batch."""
+        assert self.trainable, "the reference model is frozen"
+        self.reload_from_host()
+        s = self.s
+        for chunk in self.model:
+            chunk.train()
+        history: list[dict[str, float]] = []
+        for _ in range(s.ppo_epochs):
+            for mini in batch.split(s.mini_batch_rows):
+                history.append(self._optimizer_step(mini))
+        return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+
+    def _optimizer_step(self, mini: RolloutBatch) -> dict[str, float]:
+        local = self._dp_slice(mini).to(device())
+        micro = local.split(self.s.micro_batch_rows)
+        entropy_grad = self.s.loss.entropy_coeff != 0
+
+        def step(data_iterator, model):
+            mb = next(data_iterator)
+
+            def loss_fn(output):
+                lp, ent = self._response_log_probs(output, mb, entropy_grad)
+                total, denom, metrics = grpo_loss(
+                    lp, ent, mb.old_log_probs, mb.advantages, mb.response_mask, mb.ref_log_probs, self.s.loss
+                )
+                metrics["denominator"] = torch.tensor(float(denom))
+                return total, torch.tensor(denom, dtype=torch.int, device=total.device), metrics
+
+            return self._forward(model, mb), loss_fn
+
+        for chunk in self.model:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        outputs = self._run(micro, step, forward_only=False)
+        _, grad_norm, _ = self.optimizer.step()
+        self.scheduler.step(increment=1)
+        metrics = self._reduce_metrics(outputs)
+        metrics["actor/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+        metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        return metrics
+
+    # ---- offload ----------------------------------------------------------------------------------
+
+    def offload_to_host(self, params: bool = False, grads: bool = False) -> int:
+        """Free device memory until the next use (which reloads by itself); returns bytes freed."""
+        freed = 0
+        if params and not self._param_host.offloaded:
+            freed += self._param_host.offload(offload.parameters(self.model))
+        if grads and self.trainable and not self._grad_host.offloaded:
+            freed += self._grad_host.offload(offload.gradient_buffers(self.model))
+        return freed
+
+    def reload_from_host(self) -> int:
+        return self._param_host.reload() + self._grad_host.reload()
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+
+    def sharded_state_dict(self, is_loading: bool = False) -> dict:
+        """Model (and optimizer) in megatron's dist-checkpoint form: loadable at another TP/PP/DP layout."""
+        state = {}
+        for i, chunk in enumerate(self.model):  # unwrapped, so keys do not depend on DDP being there
+            state[f"model{i}" if len(self.model) > 1 else "model"] = getattr(chunk, "module", chunk).sharded_state_dict()
+        if self.trainable:
+            if is_loading:
+                self._zero_adam_states()
+            model_state = dict(state)
+            state["optimizer"] = self.optimizer.sharded_state_dict(
+                model_state, is_loading=is_loading, metadata={"distrib_optim_sharding_type": "fully_reshardable"}
+            )
+        return state
+
+    def scheduler_state(self) -> dict:
+        """The lr schedule's position (plain numbers: stored in the checkpoint's JSON trainer state)."""
+        return self.scheduler.state_dict() if self.trainable else {}
+
+    def load_scheduler_state(self, state: dict) -> None:
+        if self.trainable and state:
+            self.scheduler.load_state_dict(state)
+
+    def _zero_adam_states(self) -> None:
+        """megatron's distributed optimizer (without Apex/TE) cannot describe its state before the first
+        step; zero Adam states give a fresh optimizer something for the checkpoint to load into."""
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            inner = opt.optimizer
+            if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+                continue
+            for group in inner.param_groups:
+                for p in group["params"]:
+                    if not inner.state.get(p):
+                        zeros = torch.zeros_like(p)
+                        inner.state[p] = {"step": torch.tensor(0.0), "exp_avg": zeros, "exp_avg_sq": zeros.clone()}
+
+    def _unshare_adam_steps(self) -> None:
+        """megatron restores torch Adam's ``step`` as one tensor shared by every parameter; Adam then
+        increments it once per parameter per step, corrupting the bias correction. Give each its own."""
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            for param_state in opt.optimizer.state.values():
+                if isinstance(param_state.get("step"), torch.Tensor):
+                    param_state["step"] = param_state["step"].clone()
+
+    def load_sharded_state_dict(self, state: dict) -> None:
+        for i, chunk in enumerate(self.model):
+            getattr(chunk, "module", chunk).load_state_dict(state[f"model{i}" if len(self.model) > 1 else "model"])
+        if self.trainable and "optimizer" in state:
+            for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+                _keep_adam_step_on_load(opt)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self._unshare_adam_steps()
+
+    def _reduce_metrics(self, outputs: list[dict]) -> dict[str, float]:
+        """Sums over micro-batches and DP ranks divided by the global denominator, on every rank."""
+        names = ["actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"]
+        if self.s.loss.use_kl_loss:
+            names.append("actor/kl_loss")
+        sums = torch.zeros(len(names) + 1, dtype=torch.float64, device=device())
+        for out in outputs:
+            for i, name in enumerate([*names, "denominator"]):
+                sums[i] += out[name].double().to(sums.device)
+        dist.all_reduce(sums, group=ps.get_data_parallel_group())
+        sums = self._from_last_stage(sums)
+        denominator = max(sums[-1].item(), 1.0)
+        return {name: sums[i].item() / denominator for i, name in enumerate(names)}

@@ -1,0 +1,60 @@
+"""Move parameters or gradient buffers to host memory between phases, and back.
+
+Megatron keeps parameters and gradients as views into large flat buffers. Freeing a buffer's device
+storage (``untyped_storage().resize_(0)``) releases the memory while every view stays valid, so the
+model, the DDP hooks and the optimizer keep their references; bringing it back re-grows the storage
+and copies the host copy in. The generation phase uses the freed memory for the KV cache.
+"""
+
+import torch
+
+
+def _storages(tensors) -> list[torch.Tensor]:
+    """One tensor per distinct underlying storage (a flat buffer shared by many views counts once)."""
+    seen: dict[int, torch.Tensor] = {}
+    for t in tensors:
+        if t is not None and t.untyped_storage().size() > 0:
+            seen.setdefault(t.untyped_storage().data_ptr(), t)
+    return list(seen.values())
+
+
+class HostOffloader:
+    """Holds the host copies of what was offloaded; ``offload`` and ``reload`` return bytes moved."""
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[torch.UntypedStorage, torch.UntypedStorage]] = []
+
+    @property
+    def offloaded(self) -> bool:
+        return bool(self._saved)
+
+    def offload(self, tensors) -> int:
+        moved = 0
+        for t in _storages(tensors):
+            storage = t.untyped_storage()
+            host = torch.UntypedStorage(storage.size(), device="cpu")
+            host.copy_(storage)
+            if torch.cuda.is_available():
+                host = host.pin_memory()
+            self._saved.append((storage, host))
+            moved += storage.size()
+            storage.resize_(0)
+        return moved
+
+    def reload(self) -> int:
+        moved = 0
+        for storage, host in self._saved:
+            storage.resize_(host.size())
+            storage.copy_(host)
+            moved += host.size()
+        self._saved.clear()
+        return moved
+
+
+def parameters(model_chunks) -> list[torch.Tensor]:
+    return [p.data for chunk in model_chunks for p in chunk.parameters()]
+
+
+def gradient_buffers(model_chunks) -> list[torch.Tensor]:
+    """Megatron's fp32 ``main_grad`` buffers (one flat buffer per dtype behind the views)."""
+    return [getattr(p, "main_grad", None) for chunk in model_chunks for p in chunk.parameters()]

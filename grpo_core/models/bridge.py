@@ -1,0 +1,317 @@
+"""Hugging Face <-> megatron-core: the TransformerConfig, the GPTModel, and weights in and out.
+
+Covers Llama (and Mistral without its sliding window), Qwen2 (QKV bias), Qwen3 (QK norm) and
+Qwen3-MoE (top-k softmax router with renormalised probabilities, SwiGLU experts, no shared expert).
+Which HF tensor becomes which megatron parameter, and how each is sharded, is in weights.py.
+
+Loading reads only this rank's slices of the safetensors files. Exporting gathers each parameter
+over TP, and one rank per shard sends the HF tensors to global rank 0, which streams them into one
+``model.safetensors``: rank 0 holds one HF tensor at a time, every other rank one TP-gathered
+parameter at a time (the largest is the embedding: vocab x hidden).
+"""
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from megatron.core import parallel_state as ps
+from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from grpo_core.models.shape import ModelShape
+from grpo_core.models.spec import final_norm, gpt_layer_spec
+from grpo_core.models.weights import (
+    HFCheckpoint,
+    Mapping,
+    SafetensorsWriter,
+    hf_shapes,
+    layer_mappings,
+    read_shard,
+    split_full,
+)
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+RECOMPUTE = {
+    None: {},
+    "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+    "selective": {"recompute_granularity": "selective"},
+}
+
+
+def transformer_config(
+    shape: ModelShape,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
+    sequence_parallel: bool = False,
+    dtype: str = "float32",
+    recompute: str | None = None,
+    overrides: dict | None = None,
+    first_stage_layers: int | None = None,
+    last_stage_layers: int | None = None,
+) -> TransformerConfig:
+    """megatron's config for ``shape``; ``overrides`` (any TransformerConfig field) win over what is derived here."""
+    if shape.qkv_bias and shape.model_type != "qwen2":
+        raise NotImplementedError(
+            f"{shape.model_type} with attention_bias also biases o_proj; only Qwen2's QKV bias is mapped"
+        )
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={recompute!r}: choose one of {list(RECOMPUTE)}")
+    torch_dtype = DTYPES[dtype]
+    kwargs = dict(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_query_groups=shape.num_kv_heads,
+        kv_channels=shape.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=shape.norm_eps,
+        gated_linear_unit=True,  # SwiGLU: fc1 is [gate; up], silu(gate) * up
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias,
+        qk_layernorm=shape.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=etp,
+        sequence_parallel=sequence_parallel and tp > 1,
+        params_dtype=torch_dtype,
+        pipeline_dtype=torch_dtype,
+        bf16=torch_dtype == torch.bfloat16,
+        fp16=torch_dtype == torch.float16,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        num_layers_in_first_pipeline_stage=first_stage_layers,
+        num_layers_in_last_pipeline_stage=last_stage_layers,
+        **RECOMPUTE[recompute],
+    )
+    if shape.is_moe:
+        kwargs.update(
+            num_moe_experts=shape.num_experts,
+            moe_ffn_hidden_size=shape.moe_ffn_hidden_size,
+            moe_router_topk=shape.experts_per_token,
+            moe_router_score_function="softmax",
+            moe_router_pre_softmax=False,  # softmax over the top-k logits = HF's renormalised top-k probs
+            moe_grouped_gemm=False,  # grouped GEMM needs TE or the grouped_gemm package
+            # alltoall is the fast one on GPUs; on CPU its split sizes stay tensors, which gloo refuses
+            moe_token_dispatcher_type="alltoall" if torch.cuda.is_available() else "allgather",
+            moe_router_load_balancing_type="none",  # no aux loss: the forward stays exactly HF's
+            moe_aux_loss_coeff=0.0,
+        )
+    overrides = dict(overrides or {})
+    known = {f.name for f in dataclasses.fields(TransformerConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise TypeError(f"TransformerConfig has no field(s) {unknown}")
+    kwargs.update(overrides)
+    return TransformerConfig(**kwargs)
+
+
+def padded_vocab_size(vocab_size: int, tp: int) -> int:
+    """megatron splits the vocabulary evenly over TP; the extra rows are zeros and are dropped on export.
+
+    When padding happens (vocab_size % tp != 0) the logits have extra columns the caller must ignore.
+    """
+    return -(-vocab_size // tp) * tp
+
+
+def build_model(
+    shape: ModelShape,
+    config: TransformerConfig,
+    *,
+    pre_process: bool | None = None,
+    post_process: bool | None = None,
+    vp_stage: int | None = None,
+    use_te: bool | None = None,
+) -> GPTModel:
+    """This pipeline stage's (or virtual stage's) GPTModel with our layer spec and HF's rotary base."""
+    if pre_process is None:
+        pre_process = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+    if post_process is None:
+        post_process = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+    layer = gpt_layer_spec(shape, use_te)
+    block = TransformerBlockSubmodules(
+        layer_specs=[layer] * get_num_layers_to_build(config, vp_stage=vp_stage), layer_norm=final_norm(use_te)
+    )
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=block,
+        vocab_size=padded_vocab_size(shape.vocab_size, config.tensor_model_parallel_size),
+        max_sequence_length=shape.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=shape.tie_embeddings,
+        position_embedding_type="rope",
+        rotary_base=shape.rope_theta,
+        vp_stage=vp_stage,
+    )
+
+
+# ---------------------------------------------------------------- weights
+
+
+def load_hf_weights(model: GPTModel | Sequence[GPTModel], hf_dir: str | Path, shape: ModelShape) -> None:
+    """Copy HF weights into this rank's parameters, reading only its TP slices, PP layers and EP experts.
+
+    Call it before the optimizer is built: megatron's optimizer keeps its own fp32 copy of the weights.
+    """
+    with HFCheckpoint(hf_dir) as ckpt:
+        for chunk in _chunks(model):
+            params = dict(chunk.named_parameters())
+            for m in _mappings(chunk, shape):
+                param = params[m.param]
+                rank, size, _ = _shard_group(m)
+                shard = read_shard(ckpt, m, param.shape, rank, size, shape)
+                if shard.shape != param.shape:
+                    raise ValueError(
+                        f"{m.param}: built {tuple(shard.shape)} from {m.hf}, parameter is {tuple(param.shape)}"
+                    )
+                with torch.no_grad():
+                    param.copy_(shard)
+
+
+def export_hf_weights(
+    model: GPTModel | Sequence[GPTModel],
+    shape: ModelShape,
+    out_dir: str | Path,
+    hf_config: dict,
+    dtype: str | torch.dtype | None = None,
+) -> None:
+    """Write ``model.safetensors`` and ``config.json`` (``hf_config`` as given) into ``out_dir`` from rank 0.
+
+    Every rank of the model must call it. Files appear atomically (temp file, then ``os.replace``);
+    all ranks return once they are in place. ``dtype``: the tensors' dtype in the file (default: the parameters').
+    """
+    out_dir = Path(out_dir)
+    dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    items = [(m, p) for chunk in _chunks(model) for m, p in _export_items(chunk, shape)]
+    items.sort(key=lambda mp: mp[0].order)
+    rank = dist.get_rank()
+    plan = []  # (order, position, hf name, shape, dtype, source rank) of what this rank sends
+    for m, p in items:
+        tp_rank, size, _ = _shard_group(m)
+        if tp_rank == 0:
+            for i, (name, hf_shape) in enumerate(hf_shapes(m, p.shape, size, shape).items()):
+                plan.append((m.order, i, name, hf_shape, dtype or p.dtype, rank))
+    plans: list[list] = [[] for _ in range(dist.get_world_size())]
+    dist.all_gather_object(plans, plan)
+    tensors = _full_tensors(items, shape, dtype)
+    if rank == 0:
+        _write_rank0(
+            out_dir,
+            sorted((e for p in plans for e in p), key=lambda e: e[:2]),
+            tensors,
+            hf_config,
+            device=items[0][1].device,
+        )
+    else:
+        for _, tensor in tensors:
+            dist.send(tensor.contiguous(), dst=0)
+    dist.barrier()
+
+
+def _write_rank0(out_dir: Path, entries: list, tensors, hf_config: dict, device: torch.device) -> None:
+    names = [e[2] for e in entries]
+    if len(set(names)) != len(names):
+        raise RuntimeError("export: two ranks planned the same HF tensor")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".model.safetensors.tmp-{os.getpid()}"
+    writer = SafetensorsWriter(tmp, [(name, hf_shape, dt) for _, _, name, hf_shape, dt, _ in entries])
+    try:
+        for _, _, name, hf_shape, dt, src in entries:
+            if src == 0:
+                own_name, tensor = next(tensors)
+                if own_name != name:
+                    raise RuntimeError(f"export: rank 0 produced {own_name}, planned {name}")
+            else:
+                tensor = torch.empty(hf_shape, dtype=dt, device=device)
+                dist.recv(tensor, src=src)
+            writer.write(name, tensor)
+        if next(tensors, None) is not None:
+            raise RuntimeError("export: rank 0 produced a tensor it had not planned")
+    finally:
+        writer.close()
+    os.replace(tmp, out_dir / "model.safetensors")
+    tmp_config = out_dir / f".config.json.tmp-{os.getpid()}"
+    tmp_config.write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp_config, out_dir / "config.json")
+
+
+def _full_tensors(items: list[tuple[Mapping, torch.nn.Parameter]], shape: ModelShape, dtype: torch.dtype | None):
+    """Yields (HF name, full tensor) for what this rank sends, gathering every item's TP shards on the way.
+
+    A generator, so rank 0 gathers its own next tensor only when the file has reached it.
+    """
+    for m, p in items:
+        rank, size, group = _shard_group(m)
+        full = p.detach()
+        if size > 1 and m.kind != "none":
+            shards = [torch.empty_like(full) for _ in range(size)]
+            dist.all_gather(shards, full.contiguous(), group=group)
+            full = torch.cat(shards, dim=1 if m.kind == "row" else 0)
+        if rank == 0:
+            tensors = split_full(m, full, size, shape)
+            for name in m.hf:  # the order hf_shapes planned
+                yield name, tensors[name].to(dtype or p.dtype)
+
+
+def _export_items(chunk: GPTModel, shape: ModelShape) -> list[tuple[Mapping, torch.nn.Parameter]]:
+    """The parameters this rank takes part in exporting: those of the first data-parallel replica."""
+    params = dict(chunk.named_parameters())
+    dp_rank = ps.get_data_parallel_rank(with_context_parallel=True)
+    expert_dp_rank = ps.get_expert_data_parallel_rank()
+    return [
+        (m, params[m.param])
+        for m in _mappings(chunk, shape)
+        if m.export and (expert_dp_rank if m.expert else dp_rank) == 0
+    ]
+
+
+def _mappings(chunk: GPTModel, shape: ModelShape) -> list[Mapping]:
+    return layer_mappings(chunk, shape, ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size())
+
+
+def _shard_group(m: Mapping) -> tuple[int, int, dist.ProcessGroup]:
+    """(rank, size, group) of the group ``m`` is split over: expert-TP for experts, TP otherwise."""
+    if m.expert:
+        return (
+            ps.get_expert_tensor_parallel_rank(),
+            ps.get_expert_tensor_parallel_world_size(),
+            ps.get_expert_tensor_parallel_group(),
+        )
+    return (
+        ps.get_tensor_model_parallel_rank(),
+        ps.get_tensor_model_parallel_world_size(),
+        ps.get_tensor_model_parallel_group(),
+    )
+
+
+def _chunks(model: GPTModel | Sequence[GPTModel]) -> list[GPTModel]:
+    """Model chunks (one per virtual stage), unwrapped from DDP / Float16Module."""
+    chunks = list(model) if isinstance(model, Sequence) else [model]
+    out = []
+    for chunk in chunks:
+        while not isinstance(chunk, GPTModel) and hasattr(chunk, "module"):
+            chunk = chunk.module
+        out.append(chunk)
+    return out

@@ -1,0 +1,36 @@
+"""``grpo export CHECKPOINT OUT_DIR``: a training checkpoint (any layout) as a Hugging Face model."""
+
+import shutil
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model")  # fmt: skip
+
+
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
+    """Load the actor's weights at TP=1 in this process and write safetensors + config (+ tokenizer)."""
+    from grpo_core import actor  # noqa: F401  (CPU compatibility before megatron)
+    from grpo_core.actor.actor import ActorSettings, MegatronActor
+    from grpo_core.actor.parallel import init_model_parallel
+    from grpo_core.models.bridge import export_hf_weights
+    from grpo_core.models.shape import ModelShape
+    from grpo_core.planning.layout import ParallelLayout
+    from grpo_core.trainer.checkpoint import CheckpointError, load_actor_state, read_trainer_state
+
+    checkpoint, out_dir = Path(checkpoint), Path(out_dir)
+    state = read_trainer_state(checkpoint)
+    if "hf_config" not in state:
+        raise CheckpointError(f"{checkpoint}: the trainer state has no hf_config; it was not written by `grpo train`")
+    shape = ModelShape.from_hf_config(state["hf_config"])
+    layout = ParallelLayout(world_size=1)
+    init_model_parallel(layout, seed=0)
+    policy = MegatronActor(shape, ActorSettings(layout=layout, dtype=state.get("dtype", "float32")), trainable=False)
+    load_actor_state(checkpoint, policy)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    export_hf_weights(policy.model[0], shape, out_dir, state["hf_config"])
+    tokenizer = Path(state.get("tokenizer_path") or "")
+    if tokenizer.is_dir():
+        for name in TOKENIZER_FILES:
+            if (tokenizer / name).is_file():
+                shutil.copy2(tokenizer / name, out_dir / name)
+    return out_dir

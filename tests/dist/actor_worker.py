@@ -1,0 +1,97 @@
+"""Run by torchrun from tests/test_actor.py: one GRPO update on fixed synthetic rollouts, per layout.
+
+Every layout loads the same Hugging Face checkpoint and sees the same batch, so loss, grad norm and
+log-probs must agree across TP/PP/DP. Rank 0 writes the results as JSON.
+"""
+
+import argparse
+import json
+
+from grpo_core import actor  # noqa: F401  (applies the CPU compatibility layer before megatron)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from grpo_core.actor.actor import ActorSettings, MegatronActor  # noqa: E402
+from grpo_core.actor.loss import LossSettings  # noqa: E402
+from grpo_core.actor.parallel import init_distributed, init_model_parallel  # noqa: E402
+from grpo_core.data.batch import RolloutBatch  # noqa: E402
+from grpo_core.models.shape import load_model_shape  # noqa: E402
+from grpo_core.planning.layout import ParallelLayout  # noqa: E402
+
+
+def synthetic_batch(vocab: int, rows: int = 8, prompt: int = 6, response: int = 5) -> RolloutBatch:
+    g = torch.Generator().manual_seed(1234)
+    ids = torch.randint(0, vocab, (rows, prompt + response), generator=g)
+    attention = torch.ones(rows, prompt + response, dtype=torch.long)
+    response_mask = torch.ones(rows, response)
+    for i in range(rows):
+        attention[i, : i % 3] = 0  # left padding of the prompt
+        length = response - (i % 4)  # responses of different lengths, right padded
+        response_mask[i, length:] = 0
+        attention[i, prompt + length :] = 0
+    advantages = torch.where(torch.arange(rows) % 2 == 0, 1.0, -1.0)[:, None] * response_mask
+    return RolloutBatch(ids, attention, response_mask, advantages=advantages)
+
+
+def with_old_and_ref(batch: RolloutBatch, log_probs: torch.Tensor) -> RolloutBatch:
+    """Behaviour and reference log-probs a little off the current policy, so clipping and KL do something."""
+    g = torch.Generator().manual_seed(99)
+    noise = torch.randn(log_probs.shape, generator=g) * 0.3
+    batch.old_log_probs = (log_probs + noise) * batch.response_mask
+    batch.ref_log_probs = (log_probs - noise.abs()) * batch.response_mask
+    return batch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hf-dir", required=True)
+    parser.add_argument("--layouts", required=True, help="tp,pp[,dist_opt];... e.g. '2,1;1,2'")
+    parser.add_argument("--learn-steps", type=int, default=0)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    init_distributed()
+    world = dist.get_world_size()
+    shape = load_model_shape(args.hf_dir)
+    results = {}
+    for spec in args.layouts.split(";"):
+        tp, pp = (int(x) for x in spec.split(","))
+        layout = ParallelLayout(world_size=world, tp=tp, pp=pp)
+        init_model_parallel(layout, seed=7)
+        settings = ActorSettings(
+            layout=layout, lr=1e-3 if args.learn_steps else 1e-5, mini_batch_rows=8, micro_batch_rows=2,
+            loss=LossSettings(kl_loss_coef=0.1, entropy_coeff=0.01, clip_ratio=0.2),
+        )  # fmt: skip
+        policy = MegatronActor(shape, settings, hf_path=args.hf_dir)
+        reference = MegatronActor(shape, settings, hf_path=args.hf_dir, trainable=False)
+        offloaded = reference.offload_to_host(params=True)
+        batch = synthetic_batch(shape.vocab_size)
+        log_probs, entropy = policy.compute_log_prob(batch)
+        batch = with_old_and_ref(batch, log_probs)
+        grads_offloaded = policy.offload_to_host(params=True, grads=True)  # update() brings them back
+        metrics = policy.update(batch)
+        ref_after, _ = reference.compute_log_prob(batch)  # reloads the offloaded weights by itself
+        result = {
+            "log_probs": log_probs.tolist(),
+            "entropy": entropy.tolist(),
+            "metrics": metrics,
+            "response_mask": batch.response_mask.tolist(),
+            "ref_offloaded_bytes": offloaded,
+            "actor_offloaded_bytes": grads_offloaded,
+            "ref_equals_initial_policy": torch.equal(ref_after, log_probs),
+        }
+        if args.learn_steps:
+            for _ in range(args.learn_steps):
+                batch.old_log_probs = policy.compute_log_prob(batch)[0]
+                policy.update(batch)
+            result["log_probs_after"] = policy.compute_log_prob(batch)[0].tolist()
+        results[f"tp{tp}_pp{pp}_dp{layout.dp}"] = result
+    if dist.get_rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Run by torchrun from tests/test_checkpoint.py: a few GRPO updates with a checkpoint after each,
+optionally killed during a save or during a step, and resumed.
+
+Each step's batch is a pure function of the step number (the "data position"), so an interrupted and
+resumed run must reproduce the uninterrupted run's metrics exactly. Rank 0 appends one JSON line per
+finished step to --out.
+"""
+
+import argparse
+import json
+import os
+
+from grpo_core import actor  # noqa: F401  (applies the CPU compatibility layer before megatron)
+
+import torch.distributed as dist  # noqa: E402
+
+from grpo_core.actor.actor import ActorSettings, MegatronActor  # noqa: E402
+from grpo_core.actor.loss import LossSettings  # noqa: E402
+from grpo_core.actor.parallel import init_distributed, init_model_parallel  # noqa: E402
+from grpo_core.models.shape import load_model_shape  # noqa: E402
+from grpo_core.planning.layout import ParallelLayout  # noqa: E402
+from grpo_core.trainer import checkpoint  # noqa: E402
+from grpo_core.trainer.checkpoint import CheckpointManager  # noqa: E402
+from tests.dist.actor_worker import synthetic_batch, with_old_and_ref  # noqa: E402
+
+
+def crash_during_save_of(step: int) -> None:
+    """Die after the shards are written but before the checkpoint is published."""
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if str(src).endswith(f"step_{step:06d}.partial"):
+            os._exit(17)
+        return real_replace(src, dst)
+
+    checkpoint.os.replace = replace
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hf-dir", required=True)
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--crash", default="none", help="none | save:K | step:K")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    init_distributed()
+    layout = ParallelLayout(world_size=dist.get_world_size(), tp=args.tp)
+    init_model_parallel(layout, seed=7)
+    shape = load_model_shape(args.hf_dir)
+    settings = ActorSettings(
+        layout=layout, lr=1e-3, lr_warmup_steps=2, lr_decay_style="cosine", total_optimizer_steps=10,
+        mini_batch_rows=4, micro_batch_rows=2, loss=LossSettings(kl_loss_coef=0.1),
+    )  # fmt: skip
+    policy = MegatronActor(shape, settings, hf_path=args.hf_dir)
+    manager = CheckpointManager(args.root, save_freq=1, keep=3)
+    start = 0
+    resume = manager.resolve_resume("auto")
+    if resume is not None:
+        start = manager.load(resume, policy)["data_position"]
+    kind, _, at = args.crash.partition(":")
+    if kind == "save":
+        crash_during_save_of(int(at))
+    for step in range(start + 1, args.steps + 1):
+        batch = synthetic_batch(shape.vocab_size, rows=8)
+        batch.input_ids = (batch.input_ids + step) % shape.vocab_size  # the data changes with the position
+        log_probs, _ = policy.compute_log_prob(batch)
+        batch = with_old_and_ref(batch, log_probs)
+        if kind == "step" and step == int(at):
+            os._exit(18)
+        metrics = policy.update(batch)
+        after, _ = policy.compute_log_prob(batch)
+        if dist.get_rank() == 0:
+            with open(args.out, "a") as f:
+                f.write(json.dumps({"step": step, "metrics": metrics, "log_probs": after.tolist()}) + "\n")
+        manager.save(step, policy, {"data_position": step})
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

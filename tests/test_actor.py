@@ -1,0 +1,62 @@
+"""The Megatron actor on CPU (torchrun + gloo): one GRPO update gives the same loss, grad norm and
+log-probs for TP1, TP2, PP2, DP2 (distributed optimizer) and TP2 x PP2, and a few updates move the
+log-probs of positive-advantage responses up and of negative ones down."""
+
+import json
+
+import pytest
+import torch
+
+from tests.dist.launch import torchrun
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=256, max_position_embeddings=128, tie_word_embeddings=False, rms_norm_eps=1e-6,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("tiny_llama")
+    LlamaForCausalLM(config).to(torch.float32).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def layouts(tiny_llama, tmp_path_factory):
+    out = tmp_path_factory.mktemp("actor")
+    results = {}
+    for nproc, spec, extra in [(1, "1,1", ["--learn-steps", "4"]), (2, "2,1;1,2;1,1", []), (4, "2,2", [])]:
+        path = out / f"r{nproc}.json"
+        torchrun("actor_worker.py", nproc, "--hf-dir", str(tiny_llama), "--layouts", spec, "--out", str(path), *extra)
+        results.update(json.loads(path.read_text()))
+    return results
+
+
+def test_every_layout_gives_the_same_update(layouts):
+    assert set(layouts) == {"tp1_pp1_dp1", "tp2_pp1_dp1", "tp1_pp2_dp1", "tp1_pp1_dp2", "tp2_pp2_dp1"}
+    ref = layouts["tp1_pp1_dp1"]
+    for name, result in layouts.items():
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac"):
+            assert result["metrics"][key] == pytest.approx(ref["metrics"][key], abs=1e-5), (name, key)
+        assert torch.allclose(torch.tensor(result["log_probs"]), torch.tensor(ref["log_probs"]), atol=1e-5), name
+    assert ref["metrics"]["actor/grad_norm"] > 0
+    assert 0 < ref["metrics"]["actor/pg_clipfrac"] < 1  # the synthetic old log-probs exercise clipping
+
+
+def test_updates_move_log_probs_with_the_advantage(layouts):
+    result = layouts["tp1_pp1_dp1"]
+    before, after = torch.tensor(result["log_probs"]), torch.tensor(result["log_probs_after"])
+    mask = torch.tensor(result["response_mask"])
+    positive = torch.arange(before.shape[0]) % 2 == 0  # the worker gives even rows advantage +1, odd rows -1
+    change = ((after - before) * mask).sum(-1)
+    assert (change[positive] > 0).all(), change
+    assert (change[~positive] < 0).all(), change
+
+
+def test_reference_is_frozen_and_offloadable(layouts):
+    for name, result in layouts.items():
+        assert result["ref_equals_initial_policy"], name  # same weights, and the update did not touch them
+        assert result["ref_offloaded_bytes"] > 0 and result["actor_offloaded_bytes"] > result["ref_offloaded_bytes"]
