@@ -12,17 +12,15 @@ import argparse
 import json
 import time
 
-from grpo_core import actor  # noqa: F401  (CPU compatibility layer; a no-op on GPUs)
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from grpo_core.actor.actor import ActorSettings, MegatronActor  # noqa: E402
-from grpo_core.actor.loss import LossSettings  # noqa: E402
-from grpo_core.actor.parallel import init_distributed, init_model_parallel  # noqa: E402
-from grpo_core.data.batch import RolloutBatch  # noqa: E402
-from grpo_core.models.shape import load_model_shape  # noqa: E402
-from grpo_core.planning.layout import ParallelLayout  # noqa: E402
+from grpo_core.actor.actor import ActorSettings, MegatronActor
+from grpo_core.actor.loss import LossSettings
+from grpo_core.actor.parallel import init_distributed, init_model_parallel
+from grpo_core.data.batch import RolloutBatch
+from grpo_core.models.shape import load_model_shape
+from grpo_core.planning.layout import ParallelLayout
 
 
 def synchronize() -> None:
@@ -62,16 +60,23 @@ def main() -> None:
     shape = load_model_shape(args.model)
     rows = args.batch * layout.dp
     settings = ActorSettings(
-        layout=layout, dtype=args.dtype, sequence_parallel=not args.no_sequence_parallel, lr=1e-6,
-        mini_batch_rows=rows, micro_batch_rows=args.micro_batch, loss=LossSettings(kl_loss_coef=0.001),
-    )  # fmt: skip
+        layout=layout,
+        dtype=args.dtype,
+        sequence_parallel=not args.no_sequence_parallel,
+        lr=1e-6,
+        mini_batch_rows=rows,
+        micro_batch_rows=args.micro_batch,
+        loss=LossSettings(kl_loss_coef=0.001),
+    )
     policy = MegatronActor(shape, settings, hf_path=None)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, shape.vocab_size, (rows, args.seq), generator=g)
     batch = RolloutBatch(
-        input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=torch.ones(rows, args.response),
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        response_mask=torch.ones(rows, args.response),
         advantages=torch.randn(rows, 1, generator=g).expand(rows, args.response).contiguous(),
-    )  # fmt: skip
+    )
     log_probs, _ = policy.compute_log_prob(batch)
     batch.old_log_probs = batch.ref_log_probs = log_probs
 
@@ -84,23 +89,35 @@ def main() -> None:
     flops_per_token = 6 * shape.active_params + 6 * shape.num_layers * shape.hidden_size * args.seq
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
     result = {
-        "model": args.model, "gpus": world, "tp": args.tp, "pp": args.pp, "dp": layout.dp, "dtype": args.dtype,
-        "sequence_parallel": not args.no_sequence_parallel, "batch_per_dp": args.batch, "seq": args.seq,
-        "update_s": t_update, "log_prob_s": t_logprob,
+        "model": args.model,
+        "gpus": world,
+        "tp": args.tp,
+        "pp": args.pp,
+        "dp": layout.dp,
+        "dtype": args.dtype,
+        "sequence_parallel": not args.no_sequence_parallel,
+        "batch_per_dp": args.batch,
+        "seq": args.seq,
+        "update_s": t_update,
+        "log_prob_s": t_logprob,
         "update_tokens_per_s_per_gpu": tokens / t_update / world,
         "update_tflops_per_gpu": tokens * flops_per_token / t_update / world / 1e12,
         "log_prob_tokens_per_s_per_gpu": tokens / t_logprob / world,
         "peak_mem_gib": peak,
-    }  # fmt: skip
+    }
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
         print("| model | GPUs (TP) | batch x seq | phase | tokens/s per GPU | TFLOP/s per GPU | peak GiB |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
-        print(f"| {args.model} | {world} (TP={args.tp}) | {rows} x {args.seq} | update (fwd+bwd+Adam) | "
-              f"{result['update_tokens_per_s_per_gpu']:,.0f} | {result['update_tflops_per_gpu']:.0f} | {peak:.1f} |")
-        print(f"| {args.model} | {world} (TP={args.tp}) | {rows} x {args.seq} | log-prob forward | "
-              f"{result['log_prob_tokens_per_s_per_gpu']:,.0f} | | |")
+        print(
+            f"| {args.model} | {world} (TP={args.tp}) | {rows} x {args.seq} | update (fwd+bwd+Adam) | "
+            f"{result['update_tokens_per_s_per_gpu']:,.0f} | {result['update_tflops_per_gpu']:.0f} | {peak:.1f} |"
+        )
+        print(
+            f"| {args.model} | {world} (TP={args.tp}) | {rows} x {args.seq} | log-prob forward | "
+            f"{result['log_prob_tokens_per_s_per_gpu']:,.0f} | | |"
+        )
     dist.destroy_process_group()
 
 

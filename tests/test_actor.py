@@ -16,9 +16,16 @@ def tiny_llama(tmp_path_factory):
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=256, max_position_embeddings=128, tie_word_embeddings=False, rms_norm_eps=1e-6,
-    )  # fmt: skip
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-6,
+    )
     path = tmp_path_factory.mktemp("tiny_llama")
     LlamaForCausalLM(config).to(torch.float32).save_pretrained(path)
     return path
@@ -28,7 +35,8 @@ def tiny_llama(tmp_path_factory):
 def layouts(tiny_llama, tmp_path_factory):
     out = tmp_path_factory.mktemp("actor")
     results = {}
-    for nproc, spec, extra in [(1, "1,1", ["--learn-steps", "4"]), (2, "2,1;1,2;1,1", []), (4, "2,2", [])]:
+    launches = [(1, "1,1;1,1,h", ["--learn-steps", "4"]), (2, "2,1;1,2;1,1;1,1,r", []), (4, "2,2", [])]
+    for nproc, spec, extra in launches:
         path = out / f"r{nproc}.json"
         torchrun("actor_worker.py", nproc, "--hf-dir", str(tiny_llama), "--layouts", spec, "--out", str(path), *extra)
         results.update(json.loads(path.read_text()))
@@ -36,14 +44,23 @@ def layouts(tiny_llama, tmp_path_factory):
 
 
 def test_every_layout_gives_the_same_update(layouts):
-    assert set(layouts) == {"tp1_pp1_dp1", "tp2_pp1_dp1", "tp1_pp2_dp1", "tp1_pp1_dp2", "tp2_pp2_dp1"}
+    exact = {"tp1_pp1_dp1", "tp2_pp1_dp1", "tp1_pp2_dp1", "tp1_pp1_dp2", "tp2_pp2_dp1", "tp1_pp1_dp2_r"}
+    assert set(layouts) == exact | {"tp1_pp1_dp1_h"}
     ref = layouts["tp1_pp1_dp1"]
-    for name, result in layouts.items():
+    for name in exact:  # fp32, activation recomputation included
+        result = layouts[name]
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac"):
             assert result["metrics"][key] == pytest.approx(ref["metrics"][key], abs=1e-5), (name, key)
         assert torch.allclose(torch.tensor(result["log_probs"]), torch.tensor(ref["log_probs"]), atol=1e-5), name
     assert ref["metrics"]["actor/grad_norm"] > 0
     assert 0 < ref["metrics"]["actor/pg_clipfrac"] < 1  # the synthetic old log-probs exercise clipping
+
+
+def test_fp16_with_loss_scaling_matches_fp32_to_its_precision(layouts):
+    ref, half = layouts["tp1_pp1_dp1"]["metrics"], layouts["tp1_pp1_dp1_h"]["metrics"]
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy"):
+        assert half[key] == pytest.approx(ref[key], abs=2e-2), key
+    assert half["actor/grad_norm"] == pytest.approx(ref["actor/grad_norm"], rel=0.05)  # unscaled by the scaler
 
 
 def test_updates_move_log_probs_with_the_advantage(layouts):

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_core.data import DataError, PrepareResult, gsm8k, prepare_gsm8k
+from grpo_core.data import gsm8k
+from grpo_core.data.gsm8k import DataError, PrepareResult, prepare_gsm8k
 
 SHARED_GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 EMBEDDED_DIR = Path(gsm8k.__file__).parent / "embedded"

@@ -7,7 +7,6 @@ rank works on its own slice and results are gathered back, so callers never see 
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -17,7 +16,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from grpo_core.actor import offload
+from grpo_core.actor import offload, optimizer_state
 from grpo_core.actor.logprobs import log_probs_and_entropy
 from grpo_core.actor.loss import LossSettings, grpo_loss
 from grpo_core.actor.parallel import device
@@ -49,6 +48,7 @@ class ActorSettings:
     lr_decay_style: str = "constant"
     total_optimizer_steps: int = 1
     grad_clip: float = 1.0
+    initial_loss_scale: float = 65536.0
     mini_batch_rows: int = 8  # responses per optimizer step (ppo_mini_batch_size x rollout.n)
     micro_batch_rows: int = 4  # responses per forward/backward on one GPU
     ppo_epochs: int = 1
@@ -65,15 +65,28 @@ class ActorSettings:
         overrides = dict(m.override_transformer_config)
         recompute = cfg.actor_rollout_ref.model.enable_gradient_checkpointing
         return cls(
-            layout=layout, dtype=m.dtype, sequence_parallel=m.sequence_parallel,
-            use_distributed_optimizer=m.use_distributed_optimizer, optimizer_offload=m.optimizer_offload,
-            recompute=recompute and "recompute_granularity" not in overrides, transformer_overrides=overrides,
-            lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay, adam_beta1=optim.adam_beta1,
-            adam_beta2=optim.adam_beta2, lr_warmup_steps=warmup, lr_decay_style=optim.lr_decay_style,
-            total_optimizer_steps=total_optimizer_steps, grad_clip=actor.grad_clip,
-            mini_batch_rows=actor.ppo_mini_batch_size * n, micro_batch_rows=actor.ppo_micro_batch_size_per_gpu,
-            ppo_epochs=actor.ppo_epochs, loss=LossSettings.from_actor_config(actor),
-        )  # fmt: skip
+            layout=layout,
+            dtype=m.dtype,
+            sequence_parallel=m.sequence_parallel,
+            use_distributed_optimizer=m.use_distributed_optimizer,
+            optimizer_offload=m.optimizer_offload,
+            recompute=recompute and "recompute_granularity" not in overrides,
+            transformer_overrides=overrides,
+            lr=optim.lr,
+            min_lr=optim.min_lr,
+            weight_decay=optim.weight_decay,
+            adam_beta1=optim.adam_beta1,
+            adam_beta2=optim.adam_beta2,
+            lr_warmup_steps=warmup,
+            lr_decay_style=optim.lr_decay_style,
+            total_optimizer_steps=total_optimizer_steps,
+            grad_clip=actor.grad_clip,
+            initial_loss_scale=optim.initial_loss_scale,
+            mini_batch_rows=actor.ppo_mini_batch_size * n,
+            micro_batch_rows=actor.ppo_micro_batch_size_per_gpu,
+            ppo_epochs=actor.ppo_epochs,
+            loss=LossSettings.from_actor_config(actor),
+        )
 
 
 def causal_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -86,36 +99,22 @@ def causal_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return masked & ~torch.eye(s, dtype=torch.bool, device=attention_mask.device)
 
 
-def _keep_adam_step_on_load(optimizer) -> None:
-    """Work around megatron-core (0.16-0.19) with torch's Adam (no Apex/TE): loading a "fully_reshardable"
-    optimizer state copies every key of the Adam state, ``step`` included, from tensors that leave ``step``
-    out on purpose (it is restored separately), and fails with KeyError('step'). Supply the step it
-    already restored, so the copy is a no-op for that key."""
-    original = getattr(optimizer, "_set_main_param_and_optimizer_states", None)
-    if original is None or getattr(original, "_keeps_step", False):
-        return
-
-    def set_states(model_param, tensors):
-        group, order = optimizer.model_param_group_index_map[model_param]
-        main_param = optimizer.optimizer.param_groups[group]["params"][order]
-        step = optimizer.optimizer.state.get(main_param, {}).get("step")
-        if step is not None and "step" not in tensors:
-            tensors = {**tensors, "step": step.clone()}
-        return original(model_param, tensors)
-
-    set_states._keeps_step = True
-    optimizer._set_main_param_and_optimizer_states = set_states
-
-
 class MegatronActor:
     def __init__(self, shape: ModelShape, settings: ActorSettings, hf_path: str | None = None, trainable: bool = True):
         self.shape, self.s, self.trainable = shape, settings, trainable
         layout = settings.layout
         self.config = transformer_config(
-            shape, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, etp=layout.etp,
-            sequence_parallel=settings.sequence_parallel and layout.tp > 1, dtype=settings.dtype,
-            recompute="full" if settings.recompute else None, overrides=settings.transformer_overrides,
-        )  # fmt: skip
+            shape,
+            tp=layout.tp,
+            pp=layout.pp,
+            cp=layout.cp,
+            ep=layout.ep,
+            etp=layout.etp,
+            sequence_parallel=settings.sequence_parallel and layout.tp > 1,
+            dtype=settings.dtype,
+            recompute="full" if settings.recompute else None,
+            overrides=settings.transformer_overrides,
+        )
         self.config.calculate_per_token_loss = True  # see actor/loss.py: (sum, denominator) per micro-batch
         if layout.pp > 1:
             self.config.pipeline_dtype = DTYPES[settings.dtype]
@@ -146,20 +145,39 @@ class MegatronActor:
             DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=chunk) for chunk in self.model
         ]
         opt_config = OptimizerConfig(
-            optimizer="adam", lr=s.lr, min_lr=s.min_lr, weight_decay=s.weight_decay, adam_beta1=s.adam_beta1,
-            adam_beta2=s.adam_beta2, clip_grad=s.grad_clip, bf16=s.dtype == "bfloat16", fp16=s.dtype == "float16",
-            params_dtype=DTYPES[s.dtype], use_distributed_optimizer=s.use_distributed_optimizer,
-        )  # fmt: skip
+            optimizer="adam",
+            lr=s.lr,
+            min_lr=s.min_lr,
+            weight_decay=s.weight_decay,
+            adam_beta1=s.adam_beta1,
+            adam_beta2=s.adam_beta2,
+            clip_grad=s.grad_clip,
+            bf16=s.dtype == "bfloat16",
+            fp16=s.dtype == "float16",
+            params_dtype=DTYPES[s.dtype],
+            use_distributed_optimizer=s.use_distributed_optimizer,
+            # fp16: start the dynamic loss scale lower than megatron's 2^32 and halve it on every overflow
+            # (hysteresis 1), so a start that is too high costs few skipped updates.
+            initial_loss_scale=s.initial_loss_scale,
+            hysteresis=1,
+        )
         if s.optimizer_offload and torch.cuda.is_available():  # on a CPU the states are in host memory already
             opt_config.optimizer_cpu_offload = True
             opt_config.optimizer_offload_fraction = 1.0
         self.optimizer = get_megatron_optimizer(opt_config, self.model)
         self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0 if s.lr_warmup_steps else s.lr, max_lr=s.lr, min_lr=s.min_lr,
-            lr_warmup_steps=s.lr_warmup_steps, lr_decay_steps=max(s.total_optimizer_steps, 1),
-            lr_decay_style=s.lr_decay_style, start_wd=s.weight_decay, end_wd=s.weight_decay,
-            wd_incr_steps=max(s.total_optimizer_steps, 1), wd_incr_style="constant",
-        )  # fmt: skip
+            self.optimizer,
+            init_lr=0.0 if s.lr_warmup_steps else s.lr,
+            max_lr=s.lr,
+            min_lr=s.min_lr,
+            lr_warmup_steps=s.lr_warmup_steps,
+            lr_decay_steps=max(s.total_optimizer_steps, 1),
+            lr_decay_style=s.lr_decay_style,
+            start_wd=s.weight_decay,
+            end_wd=s.weight_decay,
+            wd_incr_steps=max(s.total_optimizer_steps, 1),
+            wd_incr_style="constant",
+        )
         self.config.finalize_model_grads_func = finalize_model_grads
         self.config.grad_scale_func = self.optimizer.scale_loss
         self.config.no_sync_func = [chunk.no_sync for chunk in self.model]
@@ -170,7 +188,8 @@ class MegatronActor:
 
     def _padded_length(self, length: int) -> int:
         """Sequence parallelism splits the sequence over TP ranks, context parallelism over 2*CP chunks."""
-        multiple = (self.s.layout.tp if self.config.sequence_parallel else 1) * (2 * self.s.layout.cp if self.s.layout.cp > 1 else 1)
+        layout = self.s.layout
+        multiple = (layout.tp if self.config.sequence_parallel else 1) * (2 * layout.cp if layout.cp > 1 else 1)
         return -(-length // multiple) * multiple
 
     def _forward(self, model: torch.nn.Module, mb: RolloutBatch) -> torch.Tensor:
@@ -180,7 +199,9 @@ class MegatronActor:
             ids = torch.nn.functional.pad(ids, (0, pad))
             attn = torch.nn.functional.pad(attn, (0, pad))
         positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
-        return model(ids, positions, causal_padding_mask(attn))
+        # No padding at all: no mask, so attention takes the causal fast path (flash kernels on GPU).
+        mask = None if bool(attn.all()) else causal_padding_mask(attn)
+        return model(ids, positions, mask)
 
     def _response_log_probs(self, logits: torch.Tensor, mb: RolloutBatch, entropy_grad: bool):
         """Logits at positions P-1 .. P+R-2 predict the R response tokens."""
@@ -213,7 +234,8 @@ class MegatronActor:
 
     def _from_last_stage(self, t: torch.Tensor) -> torch.Tensor:
         if ps.get_pipeline_model_parallel_world_size() > 1:
-            dist.broadcast(t, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group())
+            last = ps.get_pipeline_model_parallel_last_rank()
+            dist.broadcast(t, src=last, group=ps.get_pipeline_model_parallel_group())
         return t
 
     def _gather_dp(self, t: torch.Tensor) -> torch.Tensor:
@@ -227,7 +249,7 @@ class MegatronActor:
     # ---- public -----------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def compute_log_prob(self, batch: RolloutBatch, micro_batch_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def compute_log_prob(self, batch: RolloutBatch, micro_batch_rows: int | None = None):
         """(log-probs, entropy) of every response token, [B, R] each, on every rank."""
         self.reload_from_host()
         for chunk in self.model:
@@ -292,7 +314,9 @@ class MegatronActor:
         _, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(increment=1)
         metrics = self._reduce_metrics(outputs)
-        metrics["actor/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+        metrics["actor/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")  # nan: skipped
+        if self.s.dtype == "float16":
+            metrics["actor/loss_scale"] = float(self.optimizer.get_loss_scale())
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         return metrics
 
@@ -312,14 +336,19 @@ class MegatronActor:
 
     # ---- checkpoints ------------------------------------------------------------------------------
 
+    def _unwrapped_chunks(self):
+        """(checkpoint key, model chunk without DDP): keys then do not depend on DDP being there."""
+        for i, chunk in enumerate(self.model):
+            yield (f"model{i}" if len(self.model) > 1 else "model"), getattr(chunk, "module", chunk)
+
     def sharded_state_dict(self, is_loading: bool = False) -> dict:
         """Model (and optimizer) in megatron's dist-checkpoint form: loadable at another TP/PP/DP layout."""
         state = {}
-        for i, chunk in enumerate(self.model):  # unwrapped, so keys do not depend on DDP being there
-            state[f"model{i}" if len(self.model) > 1 else "model"] = getattr(chunk, "module", chunk).sharded_state_dict()
+        for key, module in self._unwrapped_chunks():
+            state[key] = module.sharded_state_dict()
         if self.trainable:
             if is_loading:
-                self._zero_adam_states()
+                optimizer_state.zero_adam_states(self.optimizer)
             model_state = dict(state)
             state["optimizer"] = self.optimizer.sharded_state_dict(
                 model_state, is_loading=is_loading, metadata={"distrib_optim_sharding_type": "fully_reshardable"}
@@ -334,35 +363,11 @@ class MegatronActor:
         if self.trainable and state:
             self.scheduler.load_state_dict(state)
 
-    def _zero_adam_states(self) -> None:
-        """megatron's distributed optimizer (without Apex/TE) cannot describe its state before the first
-        step; zero Adam states give a fresh optimizer something for the checkpoint to load into."""
-        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            inner = opt.optimizer
-            if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
-                continue
-            for group in inner.param_groups:
-                for p in group["params"]:
-                    if not inner.state.get(p):
-                        zeros = torch.zeros_like(p)
-                        inner.state[p] = {"step": torch.tensor(0.0), "exp_avg": zeros, "exp_avg_sq": zeros.clone()}
-
-    def _unshare_adam_steps(self) -> None:
-        """megatron restores torch Adam's ``step`` as one tensor shared by every parameter; Adam then
-        increments it once per parameter per step, corrupting the bias correction. Give each its own."""
-        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            for param_state in opt.optimizer.state.values():
-                if isinstance(param_state.get("step"), torch.Tensor):
-                    param_state["step"] = param_state["step"].clone()
-
     def load_sharded_state_dict(self, state: dict) -> None:
-        for i, chunk in enumerate(self.model):
-            getattr(chunk, "module", chunk).load_state_dict(state[f"model{i}" if len(self.model) > 1 else "model"])
+        for key, module in self._unwrapped_chunks():
+            module.load_state_dict(state[key])
         if self.trainable and "optimizer" in state:
-            for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-                _keep_adam_step_on_load(opt)
-            self.optimizer.load_state_dict(state["optimizer"])
-            self._unshare_adam_steps()
+            optimizer_state.load(self.optimizer, state["optimizer"])
 
     def _reduce_metrics(self, outputs: list[dict]) -> dict[str, float]:
         """Sums over micro-batches and DP ranks divided by the global denominator, on every rank."""

@@ -42,9 +42,17 @@ def grpo_loss(
     mask = response_mask.to(log_prob.dtype)
     mode = s.loss_agg_mode
     pg, pg_metrics = compute_policy_loss(
-        old_log_prob, log_prob, advantages, mask, s.clip_ratio, s.clip_ratio_low, s.clip_ratio_high,
-        s.clip_ratio_c, mode, denominator=1.0,
-    )  # fmt: skip
+        old_log_prob,
+        log_prob,
+        advantages,
+        mask,
+        s.clip_ratio,
+        s.clip_ratio_low,
+        s.clip_ratio_high,
+        s.clip_ratio_c,
+        mode,
+        denominator=1.0,
+    )
     total = pg
     metrics = {"actor/pg_loss": pg.detach()}
     if s.use_kl_loss:

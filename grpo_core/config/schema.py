@@ -64,6 +64,7 @@ class OptimConfig:
     adam_beta1: float = setting(0.9, "Adam beta1")
     adam_beta2: float = setting(0.999, "Adam beta2")
     total_training_steps: int | None = setting(None, "steps the schedule spans (null: from trainer)")
+    initial_loss_scale: float = setting(65536.0, "fp16 only: first dynamic loss scale, halved on each overflow")
 
 
 @dataclass

@@ -1,5 +1,3 @@
-"""Dataset preparation: raw datasets in, verl-schema parquet files out."""
-
-from grpo_core.data.gsm8k import DataError, PrepareResult, prepare_gsm8k
-
-__all__ = ["DataError", "PrepareResult", "prepare_gsm8k"]
+"""Data: dataset preparation (gsm8k: raw datasets in, verl-schema parquet out) and the typed rollout
+batch (batch) that moves between the GRPO stages. Nothing is imported here, so the trainer's batch type
+does not pull in the dataset libraries."""

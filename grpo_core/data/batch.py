@@ -36,7 +36,8 @@ class RolloutBatch:
         return self.input_ids[:, -self.response_length :]
 
     def _map(self, fn) -> "RolloutBatch":
-        return replace(self, **{f.name: fn(getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None})
+        present = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        return replace(self, **{name: fn(value) for name, value in present.items()})
 
     def rows(self, index: torch.Tensor | slice) -> "RolloutBatch":
         return self._map(lambda t: t[index])

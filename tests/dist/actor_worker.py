@@ -7,17 +7,16 @@ log-probs must agree across TP/PP/DP. Rank 0 writes the results as JSON.
 import argparse
 import json
 
-from grpo_core import actor  # noqa: F401  (applies the CPU compatibility layer before megatron)
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from grpo_core.actor.actor import ActorSettings, MegatronActor  # noqa: E402
-from grpo_core.actor.loss import LossSettings  # noqa: E402
-from grpo_core.actor.parallel import init_distributed, init_model_parallel  # noqa: E402
-from grpo_core.data.batch import RolloutBatch  # noqa: E402
-from grpo_core.models.shape import load_model_shape  # noqa: E402
-from grpo_core.planning.layout import ParallelLayout  # noqa: E402
+from grpo_core.actor.actor import ActorSettings, MegatronActor
+from grpo_core.actor.loss import LossSettings
+from grpo_core.actor.parallel import init_distributed, init_model_parallel
+from grpo_core.data.batch import RolloutBatch
+from grpo_core.models.shape import load_model_shape
+from grpo_core.planning.layout import ParallelLayout
 
 
 def synthetic_batch(vocab: int, rows: int = 8, prompt: int = 6, response: int = 5) -> RolloutBatch:
@@ -46,7 +45,7 @@ def with_old_and_ref(batch: RolloutBatch, log_probs: torch.Tensor) -> RolloutBat
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hf-dir", required=True)
-    parser.add_argument("--layouts", required=True, help="tp,pp[,dist_opt];... e.g. '2,1;1,2'")
+    parser.add_argument("--layouts", required=True, help="tp,pp[,flags];... flags: r recompute, h fp16, b bf16")
     parser.add_argument("--learn-steps", type=int, default=0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -55,13 +54,18 @@ def main() -> None:
     shape = load_model_shape(args.hf_dir)
     results = {}
     for spec in args.layouts.split(";"):
-        tp, pp = (int(x) for x in spec.split(","))
+        tp, pp, flags = (spec + ",").split(",")[:3]
+        tp, pp = int(tp), int(pp)
+        dtype = "float16" if "h" in flags else "bfloat16" if "b" in flags else "float32"
         layout = ParallelLayout(world_size=world, tp=tp, pp=pp)
         init_model_parallel(layout, seed=7)
         settings = ActorSettings(
-            layout=layout, lr=1e-3 if args.learn_steps else 1e-5, mini_batch_rows=8, micro_batch_rows=2,
+            layout=layout,
+            dtype=dtype,
+            recompute="r" in flags,
+            initial_loss_scale=1024.0,  # the tiny model's per-token gradients are large: 2^16 overflows lr=1e-3 if args.learn_steps else 1e-5, mini_batch_rows=8, micro_batch_rows=2,
             loss=LossSettings(kl_loss_coef=0.1, entropy_coeff=0.01, clip_ratio=0.2),
-        )  # fmt: skip
+        )
         policy = MegatronActor(shape, settings, hf_path=args.hf_dir)
         reference = MegatronActor(shape, settings, hf_path=args.hf_dir, trainable=False)
         offloaded = reference.offload_to_host(params=True)
@@ -85,7 +89,7 @@ def main() -> None:
                 batch.old_log_probs = policy.compute_log_prob(batch)[0]
                 policy.update(batch)
             result["log_probs_after"] = policy.compute_log_prob(batch)[0].tolist()
-        results[f"tp{tp}_pp{pp}_dp{layout.dp}"] = result
+        results[f"tp{tp}_pp{pp}_dp{layout.dp}{'_' + flags if flags else ''}"] = result
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump(results, f)

@@ -303,7 +303,7 @@ def config_checks() -> dict:
     c = bridge.transformer_config(
         shape, tp=2, pp=2, ep=2, sequence_parallel=True, dtype="bfloat16", recompute="full",
         overrides={"moe_token_dispatcher_type": "allgather", "num_layers_in_last_pipeline_stage": 3},
-    )  # fmt: skip
+    )
     try:
         bridge.transformer_config(shape, overrides={"no_such_field": 1})
         refused = False

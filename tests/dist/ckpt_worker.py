@@ -9,19 +9,19 @@ finished step to --out.
 import argparse
 import json
 import os
+from pathlib import Path
 
-from grpo_core import actor  # noqa: F401  (applies the CPU compatibility layer before megatron)
 
-import torch.distributed as dist  # noqa: E402
+import torch.distributed as dist
 
-from grpo_core.actor.actor import ActorSettings, MegatronActor  # noqa: E402
-from grpo_core.actor.loss import LossSettings  # noqa: E402
-from grpo_core.actor.parallel import init_distributed, init_model_parallel  # noqa: E402
-from grpo_core.models.shape import load_model_shape  # noqa: E402
-from grpo_core.planning.layout import ParallelLayout  # noqa: E402
-from grpo_core.trainer import checkpoint  # noqa: E402
-from grpo_core.trainer.checkpoint import CheckpointManager  # noqa: E402
-from tests.dist.actor_worker import synthetic_batch, with_old_and_ref  # noqa: E402
+from grpo_core.actor.actor import ActorSettings, MegatronActor
+from grpo_core.actor.loss import LossSettings
+from grpo_core.actor.parallel import init_distributed, init_model_parallel
+from grpo_core.models.shape import load_model_shape
+from grpo_core.planning.layout import ParallelLayout
+from grpo_core.trainer import checkpoint
+from grpo_core.trainer.checkpoint import CheckpointManager
+from tests.dist.actor_worker import synthetic_batch, with_old_and_ref
 
 
 def crash_during_save_of(step: int) -> None:
@@ -52,9 +52,10 @@ def main() -> None:
     settings = ActorSettings(
         layout=layout, lr=1e-3, lr_warmup_steps=2, lr_decay_style="cosine", total_optimizer_steps=10,
         mini_batch_rows=4, micro_batch_rows=2, loss=LossSettings(kl_loss_coef=0.1),
-    )  # fmt: skip
+    )
     policy = MegatronActor(shape, settings, hf_path=args.hf_dir)
     manager = CheckpointManager(args.root, save_freq=1, keep=3)
+    hf_config = json.loads((Path(args.hf_dir) / "config.json").read_text())
     start = 0
     resume = manager.resolve_resume("auto")
     if resume is not None:
@@ -74,7 +75,7 @@ def main() -> None:
         if dist.get_rank() == 0:
             with open(args.out, "a") as f:
                 f.write(json.dumps({"step": step, "metrics": metrics, "log_probs": after.tolist()}) + "\n")
-        manager.save(step, policy, {"data_position": step})
+        manager.save(step, policy, {"data_position": step, "hf_config": hf_config, "dtype": "float32"})
     dist.barrier()
     dist.destroy_process_group()
 

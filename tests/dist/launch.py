@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 def torchrun(script: str, nproc: int, *args: str, timeout: int = 900, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(REPO / "tests" / "dist" / script), *args]  # fmt: skip
+           str(REPO / "tests" / "dist" / script), *args]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=REPO, start_new_session=True)
         try:
