@@ -21,11 +21,9 @@ from grpo_core.actor.logprobs import log_probs_and_entropy
 from grpo_core.actor.loss import LossSettings, grpo_loss
 from grpo_core.actor.parallel import device
 from grpo_core.data.batch import RolloutBatch
-from grpo_core.models.bridge import build_model, load_hf_weights, transformer_config
+from grpo_core.models.bridge import DTYPES, build_model, load_hf_weights, transformer_config
 from grpo_core.models.shape import ModelShape
 from grpo_core.planning.layout import ParallelLayout
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)

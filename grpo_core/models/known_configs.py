@@ -58,16 +58,6 @@ KNOWN_CONFIGS: dict[str, dict] = {
         "max_position_embeddings": 32768,
         **_QWEN25_SMALL,
     },
-    "Qwen/Qwen2.5-7B": {
-        "model_type": "qwen2",
-        "hidden_size": 3584,
-        "intermediate_size": 18944,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 28,
-        "num_key_value_heads": 4,
-        "max_position_embeddings": 32768,
-        **_QWEN2_VOCAB,
-    },
     "Qwen/Qwen2.5-32B": {
         "model_type": "qwen2",
         "hidden_size": 5120,
@@ -137,6 +127,9 @@ KNOWN_CONFIGS: dict[str, dict] = {
         "rms_norm_eps": 1e-5,
     },
 }
+
+
+KNOWN_CONFIGS["Qwen/Qwen2.5-7B"] = KNOWN_CONFIGS["Qwen/Qwen2-7B"]  # same shape
 
 
 def find_known_config(name: str) -> dict | None:
