@@ -1,4 +1,4 @@
-"""The ``grpo`` command: train (with --dry-run), plan, prepare, export, keys.
+"""The ``grpo`` command: train (with --dry-run), plan, prepare, evaluate, export, keys.
 
 Every failure a user can cause ends in one clear message and a non-zero exit: 2 for invalid
 configuration or input, 1 for anything else; never a bare traceback.
@@ -106,6 +106,58 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    import torch
+
+    from grpo_core.data.gsm8k import DataError
+    from grpo_core.evaluation import evaluate, load_rows, write_results
+    from grpo_core.rollout.hf import HFEngine, ModelLoadError, load_tokenizer
+
+    if min(args.n, args.max_new_tokens, args.batch_size, args.limit or 1) < 1 or args.temperature < 0:
+        raise UserError("--n, --max-new-tokens, --batch-size and --limit must be >= 1, --temperature >= 0")
+    if bad := [k for k in args.k if not 1 <= k <= args.n]:
+        raise UserError(f"every --k must be between 1 and --n={args.n}; got {bad}")
+    if args.n > 1 and args.temperature == 0:
+        err_console.print("warning: --temperature 0 is greedy: all --n samples of a question are the same")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        rows = load_rows(args.data, args.limit)
+        tokenizer = load_tokenizer(args.model, args.trust_remote_code)
+        engine = HFEngine(args.model, tokenizer, args.dtype, device, args.batch_size, args.trust_remote_code)
+    except (DataError, ModelLoadError) as e:
+        raise UserError(str(e)) from None
+    if not rows:
+        raise UserError(f"{args.data} has no rows")
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(f"the tokenizer of {args.model} has no chat template; evaluate needs a chat model")
+    # --batch-size counts sequences, so one generate call gets batch_size // n prompts.
+    result = evaluate(
+        engine,
+        tokenizer,
+        rows,
+        n=args.n,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=max(1, args.batch_size // args.n),
+        k_values=tuple(args.k),
+    )
+    try:
+        out = write_results(result, args.output)
+    except OSError as e:
+        raise UserError(f"cannot write to output directory {args.output}: {e.strerror or e}") from None
+    for name, value in result.metrics.items():
+        console.print(f"{name}: {value:.4g}", markup=False, highlight=False)
+    rate = result.response_tokens / max(result.elapsed_s, 1e-9)
+    console.print(
+        f"{len(result.records)} samples, {result.response_tokens} tokens in {result.elapsed_s:.1f} s "
+        f"({rate:.0f} tokens/s on {device})",
+        markup=False,
+    )
+    console.print(f"records: {out / 'samples.jsonl'}", markup=False, soft_wrap=True)
+    console.print(f"metrics: {out / 'metrics.json'}", markup=False, soft_wrap=True)
+    return 0
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
     for key, f in iter_settings():
         if args.prefix and not key.startswith(args.prefix):
@@ -145,6 +197,20 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint", help="a checkpoint directory (…/step_000100)")
     export.add_argument("out_dir")
     export.set_defaults(func=cmd_export)
+
+    evaluate = sub.add_parser("evaluate", help="GSM8K accuracy of a model (hub id, local or `grpo export` directory)")
+    evaluate.add_argument("--model", required=True, help="hub id or local Hugging Face directory (with tokenizer)")
+    evaluate.add_argument("--data", required=True, help="verl-schema parquet, e.g. data/gsm8k/test.parquet")
+    evaluate.add_argument("--output", default="eval_results", help="directory for samples.jsonl and metrics.json")
+    evaluate.add_argument("--n", type=int, default=1, help="samples per question")
+    evaluate.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    evaluate.add_argument("--max-new-tokens", type=int, default=512)
+    evaluate.add_argument("--batch-size", type=int, default=32, help="sequences generated at once (prompts x n)")
+    evaluate.add_argument("--limit", type=int, help="only the first N rows")
+    evaluate.add_argument("--k", type=int, nargs="+", default=[1], help="k values for pass@k and maj@k (n > 1)")
+    evaluate.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    evaluate.add_argument("--trust-remote-code", action="store_true")
+    evaluate.set_defaults(func=cmd_evaluate)
 
     keys = sub.add_parser("keys", help="list every config key with its type, default and help")
     keys.add_argument("prefix", nargs="?", default="", help="only keys starting with this")

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from grpo_core.models.shape import ModelShape
+from grpo_core.models.shape import ModelShape, ModelShapeError
 from grpo_core.models.weights import (
     HFCheckpoint,
     Mapping,
@@ -42,9 +42,22 @@ COMMON = dict(
     rms_norm_eps=1e-5,
     rope_theta=50000.0,
 )
+LLAMA31_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 MODELS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(vocab_size=96, tie_word_embeddings=False)),
     "llama_tied": ("LlamaConfig", "LlamaForCausalLM", dict(vocab_size=95, tie_word_embeddings=True)),
+    "llama31": (  # Llama 3.1's "llama3" RoPE scaling stretches two of the four frequencies here
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(vocab_size=96, tie_word_embeddings=False, rope_parameters=LLAMA31_ROPE),
+    ),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(vocab_size=96, tie_word_embeddings=False)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(vocab_size=96, head_dim=16, tie_word_embeddings=False)),
     "qwen3_moe": (
@@ -295,3 +308,15 @@ def test_rope_theta_and_eps_read_from_hf_configs():
     assert ModelShape.from_hf_config({**base, "rope_parameters": {"rope_theta": 1e5}}).rope_theta == 1e5
     assert ModelShape.from_hf_config({**base, "rope_scaling": {"rope_theta": 2e5}}).rope_theta == 2e5
     assert ModelShape.from_hf_config({**base, "rms_norm_eps": 1e-5}).norm_eps == 1e-5
+
+
+def test_llama3_rope_scaling_is_read_and_other_scalings_refused():
+    base = {"model_type": "llama", "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "vocab_size": 10}  # fmt: skip
+    assert ModelShape.from_hf_config(base).rope_scaling_factor is None
+    assert ModelShape.from_hf_config({**base, "rope_parameters": LLAMA31_ROPE}).rope_scaling_factor == 8.0
+    assert (
+        ModelShape.from_hf_config({**base, "rope_scaling": {**LLAMA31_ROPE, "factor": 32.0}}).rope_scaling_factor == 32
+    )
+    with pytest.raises(ModelShapeError, match="not supported"):
+        ModelShape.from_hf_config({**base, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})

@@ -163,6 +163,8 @@ def build_model(
         share_embeddings_and_output_weights=shape.tie_embeddings,
         position_embedding_type="rope",
         rotary_base=shape.rope_theta,
+        rope_scaling=shape.rope_scaling_factor is not None,
+        rope_scaling_factor=shape.rope_scaling_factor or 8.0,
         vp_stage=vp_stage,
     )
 

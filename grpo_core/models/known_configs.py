@@ -98,6 +98,13 @@ KNOWN_CONFIGS: dict[str, dict] = {
         "vocab_size": 128256,
         "tie_word_embeddings": False,
         "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
         "rms_norm_eps": 1e-5,
     },
     "meta-llama/Llama-3.1-70B": {
@@ -111,6 +118,13 @@ KNOWN_CONFIGS: dict[str, dict] = {
         "vocab_size": 128256,
         "tie_word_embeddings": False,
         "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
         "rms_norm_eps": 1e-5,
     },
     "HuggingFaceTB/SmolLM2-135M": {

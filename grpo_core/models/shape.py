@@ -37,6 +37,7 @@ class ModelShape:
     experts_per_token: int = 0
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
+    rope_scaling_factor: float | None = None  # Llama-3.1-style ("llama3") RoPE scaling; None: plain RoPE
 
     @property
     def is_moe(self) -> bool:
@@ -114,6 +115,7 @@ class ModelShape:
                 experts_per_token=config.get("num_experts_per_tok", 0) or 0,
                 rope_theta=_rope_theta(config),
                 norm_eps=float(config.get("rms_norm_eps") or 1e-6),
+                rope_scaling_factor=_rope_scaling_factor(config),
             )
         except KeyError as e:
             raise ModelShapeError(f"config.json has no {e.args[0]!r}") from None
@@ -125,6 +127,23 @@ def _rope_theta(config: dict) -> float:
         if section.get("rope_theta") is not None:
             return float(section["rope_theta"])
     return 10000.0
+
+
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+"""The llama3 RoPE scaling megatron-core implements: only ``factor`` is a parameter there."""
+
+
+def _rope_scaling_factor(config: dict) -> float | None:
+    """Llama 3.1/3.2 stretch the low RoPE frequencies ("llama3" scaling); other scalings are refused
+    rather than silently ignored, which would give wrong logits."""
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind == "default":
+        return None
+    fixed = {k: float(scaling.get(k, v)) for k, v in LLAMA3_ROPE.items()}
+    if kind != "llama3" or fixed != LLAMA3_ROPE:
+        raise ModelShapeError(f"RoPE scaling {scaling} is not supported; supported: llama3 with {LLAMA3_ROPE}")
+    return float(scaling.get("factor", 8.0))
 
 
 def _read_local(path: Path) -> dict:

@@ -34,7 +34,7 @@ from grpo_core.models import bridge, weights  # noqa: E402
 from grpo_core.models.shape import ModelShape  # noqa: E402
 from grpo_core.models.spec import RMSNorm  # noqa: E402
 
-ALL = ["llama", "llama_tied", "qwen2", "qwen3", "qwen3_moe"]
+ALL = ["llama", "llama_tied", "llama31", "qwen2", "qwen3", "qwen3_moe"]
 CASES = {
     1: [(name, {}) for name in ALL],
     2: [

@@ -1,0 +1,211 @@
+"""GSM8K evaluation: sample answers with any rollout engine, grade them with the training reward's extractor.
+
+``evaluate`` yields one record per sample and reduces them to accuracies; grading reuses
+``grpo_core.rewards.gsm8k`` so the reported metric and the training reward cannot drift apart.
+With one greedy sample the accuracy is pass@1; with n samples it is their mean (the pass@1
+estimate), plus maj@k and the unbiased pass@k. Everything runs in this process: a caller that
+shards rows over ranks gathers the records and calls ``summarize`` itself.
+"""
+
+import json
+import math
+import os
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+
+from grpo_core.data.gsm8k import DataError
+from grpo_core.rewards.gsm8k import answers_match, extract_solution
+from grpo_core.rollout.base import RolloutEngine, SamplingSettings
+
+SAMPLES_FILE = "samples.jsonl"
+METRICS_FILE = "metrics.json"
+
+
+@dataclass
+class EvalResult:
+    records: list[dict]  # one per sample, grouped by question
+    metrics: dict[str, float]
+    elapsed_s: float = 0.0  # generation and grading wall time
+    response_tokens: int = 0  # tokens generated in total (for throughput)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k) (Chen et al., 2021)."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0  # every k-subset holds a correct sample
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _number_key(answer: str) -> Decimal | str:
+    """'18', '18.0' and '18.00' are one vote."""
+    try:
+        return Decimal(answer).normalize()
+    except InvalidOperation:
+        return answer
+
+
+def majority_vote(answers: list[str | None]) -> str | None:
+    """The most common answer (numerically equal answers count together); None answers do not vote.
+
+    Ties go to the answer seen first, so the vote is deterministic. None when nobody answered.
+    """
+    votes = [a for a in answers if a is not None]
+    if not votes:
+        return None
+    counts = Counter(_number_key(a) for a in votes)
+    best = max(counts.values())
+    return next(a for a in votes if counts[_number_key(a)] == best)
+
+
+def load_rows(path: str | Path, limit: int | None = None) -> list[dict]:
+    """Rows of a verl-schema parquet file (``grpo prepare``'s output); DataError if it is not one."""
+    import pyarrow.parquet as pq
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise DataError(f"data file {path} {'is not a file' if path.exists() else 'does not exist'}")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise DataError(f"{path} is not a readable Parquet file: {reason}") from exc
+    if missing := sorted({"prompt", "reward_model"} - set(table.column_names)):
+        raise DataError(f"{path} has no {'/'.join(missing)} column; expected verl's schema (see `grpo prepare`)")
+    if limit is not None:
+        table = table.slice(0, limit)
+    return table.to_pylist()
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The chat template's token ids, ready for the assistant's turn."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5 returns a BatchEncoding
+
+
+def grade(response: str, gold: str) -> dict:
+    """The per-sample fields that depend only on the text and the reference answer."""
+    strict, flexible = extract_solution(response, "strict"), extract_solution(response, "flexible")
+    return {
+        "answer_strict": strict,
+        "answer_flexible": flexible,
+        "gold": gold,
+        "correct_strict": strict is not None and answers_match(strict, gold),
+        "correct_flexible": flexible is not None and answers_match(flexible, gold),
+        "format_ok": strict is not None,
+    }
+
+
+def _mean(values: list) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summarize(records: list[dict], n: int, k_values: tuple[int, ...] = (1,)) -> dict[str, float]:
+    """Accuracies over records grouped n per question (in order).
+
+    accuracy_* is the mean over all samples: pass@1 for one greedy sample, its unbiased estimate for n.
+    With n > 1, for each k: pass@k_{strict,flexible} (unbiased) and maj@k_strict, the majority vote of
+    the first k samples' strict answers. Strict because the vote should be over answers the model
+    marked as final; the flexible "last number" often picks an intermediate result.
+    """
+    questions = [records[i : i + n] for i in range(0, len(records), n)]
+    metrics = {
+        "accuracy_strict": _mean([r["correct_strict"] for r in records]),
+        "accuracy_flexible": _mean([r["correct_flexible"] for r in records]),
+        "format_rate": _mean([r["format_ok"] for r in records]),
+        "truncated_rate": _mean([r["finish_reason"] == "length" for r in records]),
+        "response_tokens_mean": _mean([r["response_tokens"] for r in records]),
+        "num_questions": float(len(questions)),
+    }
+    if n == 1:
+        return metrics
+    for k in k_values:
+        for method in ("strict", "flexible"):
+            correct = [sum(r[f"correct_{method}"] for r in group) for group in questions]
+            metrics[f"pass@{k}_{method}"] = _mean([pass_at_k(n, c, k) for c in correct])
+        voted = [(majority_vote([r["answer_strict"] for r in group[:k]]), group[0]["gold"]) for group in questions]
+        metrics[f"maj@{k}_strict"] = _mean([a is not None and answers_match(a, gold) for a, gold in voted])
+    return metrics
+
+
+def evaluate(
+    engine: RolloutEngine,
+    tokenizer,
+    rows: list[dict],
+    n: int = 1,
+    temperature: float = 0.0,
+    max_new_tokens: int = 512,
+    batch_size: int = 32,
+    k_values: tuple[int, ...] = (1,),
+    seed: int = 0,
+    progress: bool = True,
+) -> EvalResult:
+    """Sample ``n`` responses per row (greedy at temperature 0), grade each and summarize.
+
+    ``batch_size`` is prompts per ``engine.generate`` call (the engine may split further).
+    """
+    if bad := [k for k in k_values if not 1 <= k <= n]:
+        raise ValueError(f"every k must be between 1 and n={n}; got {bad}")
+    settings = SamplingSettings(
+        n=n, temperature=temperature, max_new_tokens=max_new_tokens, greedy=temperature == 0, seed=seed
+    )
+    records: list[dict] = []
+    start = time.perf_counter()
+    with Progress(console=Console(stderr=True), disable=not progress, transient=True) as bar:
+        task = bar.add_task("gsm8k eval", total=len(rows))
+        for first in range(0, len(rows), batch_size):
+            batch = rows[first : first + batch_size]
+            gen = engine.generate([chat_prompt_ids(tokenizer, row["prompt"]) for row in batch], settings)
+            for j, ids in enumerate(gen.response_ids):
+                row = batch[gen.group_index[j]]
+                response = tokenizer.decode(ids, skip_special_tokens=True)
+                records.append(
+                    {
+                        "index": first + gen.group_index[j],
+                        "sample": j % n,
+                        "question": (row.get("extra_info") or {}).get("question") or row["prompt"][-1]["content"],
+                        "response": response,
+                        **grade(response, str(row["reward_model"]["ground_truth"])),
+                        "finish_reason": gen.finish_reasons[j],
+                        "response_tokens": len(ids),
+                    }
+                )
+            bar.advance(task, len(batch))
+    elapsed = time.perf_counter() - start
+    tokens = sum(r["response_tokens"] for r in records)
+    return EvalResult(records, summarize(records, n, tuple(k_values)), elapsed_s=elapsed, response_tokens=tokens)
+
+
+def accuracy_uplift(trained: dict[str, float], base: dict[str, float]) -> dict[str, float]:
+    """trained - base for every metric both have, named ``<metric>_uplift``."""
+    return {f"{name}_uplift": trained[name] - base[name] for name in trained if name in base}
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """A reader sees the old file or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_results(result: EvalResult, out_dir: str | Path) -> Path:
+    """``samples.jsonl`` (one record a line) and ``metrics.json`` in ``out_dir``; returns the directory."""
+    out = Path(out_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    _write_atomic(out / SAMPLES_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.records))
+    _write_atomic(out / METRICS_FILE, json.dumps(result.metrics, indent=2, sort_keys=True) + "\n")
+    return out

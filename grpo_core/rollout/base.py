@@ -1,0 +1,118 @@
+"""What every rollout engine offers (HF here; vLLM and a megatron engine later) and its batch layout.
+
+An engine turns token-id prompts into sampled responses plus the sampling policy's log-probs, takes
+new weights from the trainer by HF parameter name, and may free its memory between rollouts. The
+trainer only talks to this interface, so engines are swapped by construction, never by branching.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from grpo_core.data.batch import RolloutBatch
+
+
+@dataclass
+class SamplingSettings:
+    n: int = 1  # samples per prompt (GRPO's group size)
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0  # 1 is off
+    top_k: int = -1  # -1 is off
+    max_new_tokens: int = 512
+    greedy: bool = False
+    seed: int | None = None  # None: whatever state the engine's random generator is in
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.n < 1:
+            problems.append(f"n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            problems.append(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k != -1 and self.top_k < 1:
+            problems.append(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            problems.append(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0
+
+
+@dataclass
+class Generation:
+    """The samples for P prompts with n samples each, grouped: prompt i owns rows i*n .. i*n+n-1.
+
+    ``response_log_probs`` are the sampling policy's log-probs of each generated token at temperature 1
+    (log_softmax of the raw logits, before temperature, top-p or top-k), i.e. the model's own
+    distribution, comparable with the actor's log-probs whatever the sampling settings were.
+    A response includes the EOS token that ended it; nothing after it.
+    """
+
+    prompt_ids: list[list[int]]  # [P]
+    response_ids: list[list[int]]  # [P*n]
+    response_log_probs: list[list[float]]  # [P*n], same lengths as response_ids
+    finish_reasons: list[str]  # [P*n] "stop" (EOS ended it) or "length" (max_new_tokens did)
+    group_index: list[int]  # [P*n] the prompt each row answers
+
+    def __post_init__(self) -> None:
+        rows = len(self.response_ids)
+        if not len(self.response_log_probs) == len(self.finish_reasons) == len(self.group_index) == rows:
+            raise ValueError("response_ids, response_log_probs, finish_reasons and group_index differ in length")
+        if any(len(ids) != len(lp) for ids, lp in zip(self.response_ids, self.response_log_probs, strict=True)):
+            raise ValueError("each response needs exactly one log-prob per token")
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> Generation: ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights, named as in the HF model's state dict."""
+        ...
+
+    def sleep(self) -> None:
+        """Free accelerator memory for the training phase (a no-op where unsupported)."""
+        ...
+
+    def wake(self) -> None:
+        """Undo ``sleep`` before the next ``generate`` (a no-op where unsupported)."""
+        ...
+
+
+def to_rollout_batch(
+    gen: Generation,
+    pad_id: int,
+    max_prompt_len: int | None = None,
+    max_response_len: int | None = None,
+) -> RolloutBatch:
+    """Rows of ``prompt (left-padded to P) + response (right-padded to R)``, one per sample.
+
+    P and R default to the longest prompt and response; fixed values give every step the same shapes.
+    Anything longer than them raises rather than being cut, since a cut prompt or response would be
+    trained on as if it were whole. response_mask is 1 on every generated token, EOS included.
+    """
+    longest_prompt = max((len(p) for p in gen.prompt_ids), default=0)
+    longest_response = max((len(r) for r in gen.response_ids), default=0)
+    P = longest_prompt if max_prompt_len is None else max_prompt_len
+    R = longest_response if max_response_len is None else max_response_len
+    if longest_prompt > P:
+        raise ValueError(f"a prompt has {longest_prompt} tokens, more than max_prompt_len={P}")
+    if longest_response > R:
+        raise ValueError(f"a response has {longest_response} tokens, more than max_response_len={R}")
+
+    B = len(gen.response_ids)
+    input_ids = torch.full((B, P + R), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, P + R), dtype=torch.long)
+    response_mask = torch.zeros((B, R), dtype=torch.long)
+    for row, (group, response) in enumerate(zip(gen.group_index, gen.response_ids, strict=True)):
+        prompt = gen.prompt_ids[group]
+        input_ids[row, P - len(prompt) : P] = torch.tensor(prompt, dtype=torch.long)
+        input_ids[row, P : P + len(response)] = torch.tensor(response, dtype=torch.long)
+        attention_mask[row, P - len(prompt) : P + len(response)] = 1
+        response_mask[row, : len(response)] = 1
+    return RolloutBatch(input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask)
