@@ -77,3 +77,37 @@ def test_reference_is_frozen_and_offloadable(layouts):
     for name, result in layouts.items():
         assert result["ref_equals_initial_policy"], name  # same weights, and the update did not touch them
         assert result["ref_offloaded_bytes"] > 0 and result["actor_offloaded_bytes"] > result["ref_offloaded_bytes"]
+
+
+SETTINGS_SNIPPET = """
+import dataclasses, json, sys
+from grpo_core.actor.actor import ActorSettings
+from grpo_core.config import load_config
+from grpo_core.config.validate import actor_layout
+cfg = load_config(sys.argv[1], sys.argv[2:])
+s = ActorSettings.from_config(cfg, actor_layout(cfg), total_optimizer_steps=200)
+print(json.dumps({k: v for k, v in dataclasses.asdict(s).items() if k != "layout"}))
+"""
+
+
+def test_settings_come_from_verl_keys():
+    """The config -> actor mapping, in a subprocess (megatron and the CPU layer stay out of pytest)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    overrides = ["actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1", "actor_rollout_ref.actor.kl_coeff=0.02"]
+    proc = subprocess.run(
+        [sys.executable, "-c", SETTINGS_SNIPPET, str(REPO / "configs" / "grpo_advanced.yaml"), *overrides],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert s["mini_batch_rows"] == 128 * 8  # ppo_mini_batch_size x rollout.n: responses per optimizer step
+    assert s["micro_batch_rows"] == 2
+    assert s["lr_warmup_steps"] == 20  # 10% of 200 optimizer steps (lr_warmup_steps=-1 defers to the ratio)
+    assert s["lr_decay_style"] == "cosine" and s["dtype"] == "bfloat16" and s["optimizer_offload"] is True
+    assert s["recompute"] is False  # the YAML sets recompute_granularity itself, via override_transformer_config
+    assert s["transformer_overrides"]["recompute_granularity"] == "full"
+    assert s["loss"]["kl_loss_coef"] == 0.02 and s["loss"]["clip_ratio_high"] == 0.28
