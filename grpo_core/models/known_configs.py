@@ -17,6 +17,20 @@ _QWEN25_SMALL = {
     "rms_norm_eps": 1e-6,
 }
 
+_LLAMA31_VOCAB = {
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "rms_norm_eps": 1e-5,
+}
+
 KNOWN_CONFIGS: dict[str, dict] = {
     "Qwen/Qwen2-7B": {
         "model_type": "qwen2",
@@ -95,17 +109,7 @@ KNOWN_CONFIGS: dict[str, dict] = {
         "num_attention_heads": 32,
         "num_key_value_heads": 8,
         "max_position_embeddings": 131072,
-        "vocab_size": 128256,
-        "tie_word_embeddings": False,
-        "rope_theta": 500000.0,
-        "rope_scaling": {
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-        "rms_norm_eps": 1e-5,
+        **_LLAMA31_VOCAB,
     },
     "meta-llama/Llama-3.1-70B": {
         "model_type": "llama",
@@ -115,17 +119,7 @@ KNOWN_CONFIGS: dict[str, dict] = {
         "num_attention_heads": 64,
         "num_key_value_heads": 8,
         "max_position_embeddings": 131072,
-        "vocab_size": 128256,
-        "tie_word_embeddings": False,
-        "rope_theta": 500000.0,
-        "rope_scaling": {
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-        "rms_norm_eps": 1e-5,
+        **_LLAMA31_VOCAB,
     },
     "HuggingFaceTB/SmolLM2-135M": {
         "model_type": "llama",
