@@ -114,6 +114,12 @@ def test_export_of_a_partial_checkpoint_exits_2(tmp_path):
     assert proc.returncode == 2 and "not a complete checkpoint" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_save_interval():
+    manager = CheckpointManager("unused", save_freq=5)
+    assert [step for step in range(1, 13) if manager.should_save(step, last_step=step == 12)] == [5, 10, 12]
+    assert not CheckpointManager("unused", save_freq=-1).should_save(5, last_step=False)
+
+
 def test_resume_mode(tmp_path):
     manager = CheckpointManager(tmp_path)
     assert manager.resolve_resume("auto") is None
