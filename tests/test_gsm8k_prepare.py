@@ -262,7 +262,9 @@ def test_unreachable_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     def offline(*args, **kwargs):
         raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)\nmore detail")
 
-    monkeypatch.setattr(gsm8k.datasets, "load_dataset", offline)
+    import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(DataError) as info:
         prepare("openai/gsm8k", tmp_path / "out")
     message = str(info.value)

@@ -208,6 +208,10 @@ def _check_layout(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
         )
     elif rtp > cfg.trainer.n_gpus_per_node:
         r.warnings.append(f"rollout TP={rtp} spans nodes: generation all-reduces will cross the network")
+    if rollout.name == "hf" and rtp != 1:
+        r.errors.append(f"rollout.name=hf generates on one device per rank: rollout TP must be 1, not {rtp}")
+    if rollout.name == "megatron":
+        r.errors.append("rollout.name=megatron is not available in this build; use vllm or hf")
     needs_ordering = cfg.trainer.device == "cuda" and (layout.tp > 1 or layout.cp > 1)
     if needs_ordering and cfg.trainer.env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":
         r.warnings.append(

@@ -5,6 +5,8 @@
 written last, so a directory with a manifest is complete, and an unchanged input is not converted twice.
 """
 
+from __future__ import annotations
+
 import contextlib
 import hashlib
 import json
@@ -15,14 +17,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.console import Console
 from rich.progress import track
 
 from grpo_core.rewards.gsm8k import extract_solution
+
+if TYPE_CHECKING:
+    import datasets
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +129,8 @@ def _first_bad_json_line(path: Path) -> int | None:
 
 
 def _load_local(files: dict[str, list[Path]]) -> dict[str, datasets.Dataset]:
+    import datasets
+
     loaded = {}
     for split, paths in files.items():
         fmt = "parquet" if paths[0].suffix == ".parquet" else "json"
@@ -138,6 +145,8 @@ def _load_local(files: dict[str, list[Path]]) -> dict[str, datasets.Dataset]:
 
 
 def _load_hub(source: str) -> dict[str, datasets.Dataset]:
+    import datasets
+
     try:
         loaded = datasets.load_dataset(source, "main")
     except Exception as exc:
@@ -216,6 +225,8 @@ def prepare_gsm8k(source: str, output_dir: str | Path, force: bool = False, prog
     """
     out_dir = Path(output_dir).expanduser()
     with contextlib.ExitStack() as stack:
+        import datasets
+
         if not progress and not datasets.are_progress_bars_disabled():
             datasets.disable_progress_bars()
             stack.callback(datasets.enable_progress_bars)

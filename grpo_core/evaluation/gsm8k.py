@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
-from grpo_core.data.gsm8k import DataError
+from grpo_core.data.prompts import chat_prompt_ids
 from grpo_core.rewards.gsm8k import answers_match, extract_solution
 from grpo_core.rollout.base import RolloutEngine, SamplingSettings
 
@@ -64,31 +64,6 @@ def majority_vote(answers: list[str | None]) -> str | None:
     counts = Counter(_number_key(a) for a in votes)
     best = max(counts.values())
     return next(a for a in votes if counts[_number_key(a)] == best)
-
-
-def load_rows(path: str | Path, limit: int | None = None) -> list[dict]:
-    """Rows of a verl-schema parquet file (``grpo prepare``'s output); DataError if it is not one."""
-    import pyarrow.parquet as pq
-
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise DataError(f"data file {path} {'is not a file' if path.exists() else 'does not exist'}")
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise DataError(f"{path} is not a readable Parquet file: {reason}") from exc
-    if missing := sorted({"prompt", "reward_model"} - set(table.column_names)):
-        raise DataError(f"{path} has no {'/'.join(missing)} column; expected verl's schema (see `grpo prepare`)")
-    if limit is not None:
-        table = table.slice(0, limit)
-    return table.to_pylist()
-
-
-def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """The chat template's token ids, ready for the assistant's turn."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5 returns a BatchEncoding
 
 
 def grade(response: str, gold: str) -> dict:

@@ -13,7 +13,7 @@ parameter at a time (the largest is the embedding: vocab x hidden).
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -192,6 +192,74 @@ def load_hf_weights(model: GPTModel | Sequence[GPTModel], hf_dir: str | Path, sh
                     param.copy_(shard)
 
 
+def gather_hf_weights(
+    model: GPTModel | Sequence[GPTModel],
+    shape: ModelShape,
+    dtype: str | torch.dtype | None = None,
+    dst: int | None = None,
+) -> tuple[list[tuple[str, tuple[int, ...], torch.dtype]], Iterator[tuple[str, torch.Tensor]]]:
+    """The model as full HF-named tensors: ``(plan, tensors)``, the same plan on every rank.
+
+    Every rank of the model must call it and exhaust ``tensors``. Each parameter is gathered over its
+    TP group by the first data-parallel replica, then sent from that replica's TP rank 0 to ``dst``
+    (or broadcast to every rank when ``dst`` is None, for rollout engines on every rank). ``tensors``
+    yields on the receiving rank(s) only, one tensor at a time, in plan order: no rank ever holds more
+    than one gathered parameter, so a consumer that loads in buckets never holds two full models.
+    ``dtype``: the tensors' dtype (default: the parameters').
+    """
+    dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    items = [(m, p) for chunk in _chunks(model) for m, p in _export_items(chunk, shape)]
+    rank = dist.get_rank()
+    mine = []  # (order, [(hf name, shape, dtype)], source rank) of the mappings this rank's TP group exports
+    for m, p in items:
+        tp_rank, size, _ = _shard_group(m)
+        if tp_rank == 0:
+            names = [(n, s, dtype or p.dtype) for n, s in hf_shapes(m, p.shape, size, shape).items()]
+            mine.append((m.order, names, rank))
+    everyone: list[list] = [[] for _ in range(dist.get_world_size())]
+    dist.all_gather_object(everyone, mine)
+    units = sorted((u for part in everyone for u in part), key=lambda u: u[0])
+    plan = [entry for _, names, _ in units for entry in names]
+    if len({name for name, _, _ in plan}) != len(plan):
+        raise RuntimeError("two ranks planned the same HF tensor")
+    return plan, _stream(units, dict((m.order, (m, p)) for m, p in items), shape, dtype, dst)
+
+
+def _stream(units: list, items: dict, shape: ModelShape, dtype: torch.dtype | None, dst: int | None):
+    rank = dist.get_rank()
+    device = next(p for _, p in items.values()).device if items else torch.device("cpu")
+    for order, names, src in units:
+        tensors = {}
+        if order in items:  # this rank's TP group holds it: gather (a collective of that group)
+            m, p = items[order]
+            tensors = _full(m, p, shape)
+        for name, hf_shape, dt in names:
+            if dst is None:
+                t = tensors[name].to(dt) if rank == src else torch.empty(hf_shape, dtype=dt, device=device)
+                dist.broadcast(t, src=src)
+                yield name, t
+            elif rank == dst:
+                if src == dst:
+                    yield name, tensors[name].to(dt)
+                else:
+                    t = torch.empty(hf_shape, dtype=dt, device=device)
+                    dist.recv(t, src=src)
+                    yield name, t
+            elif rank == src:
+                dist.send(tensors[name].to(dt).contiguous(), dst=dst)
+
+
+def _full(m: Mapping, p: torch.nn.Parameter, shape: ModelShape) -> dict[str, torch.Tensor]:
+    """The HF tensors of one parameter, gathered over its TP group (on that group's rank 0 only)."""
+    rank, size, group = _shard_group(m)
+    full = p.detach()
+    if size > 1 and m.kind != "none":
+        shards = [torch.empty_like(full) for _ in range(size)]
+        dist.all_gather(shards, full.contiguous(), group=group)
+        full = torch.cat(shards, dim=1 if m.kind == "row" else 0)
+    return split_full(m, full, size, shape) if rank == 0 else {}
+
+
 def export_hf_weights(
     model: GPTModel | Sequence[GPTModel],
     shape: ModelShape,
@@ -205,76 +273,24 @@ def export_hf_weights(
     all ranks return once they are in place. ``dtype``: the tensors' dtype in the file (default: the parameters').
     """
     out_dir = Path(out_dir)
-    dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
-    items = [(m, p) for chunk in _chunks(model) for m, p in _export_items(chunk, shape)]
-    items.sort(key=lambda mp: mp[0].order)
-    rank = dist.get_rank()
-    plan = []  # (order, position, hf name, shape, dtype, source rank) of what this rank sends
-    for m, p in items:
-        tp_rank, size, _ = _shard_group(m)
-        if tp_rank == 0:
-            for i, (name, hf_shape) in enumerate(hf_shapes(m, p.shape, size, shape).items()):
-                plan.append((m.order, i, name, hf_shape, dtype or p.dtype, rank))
-    plans: list[list] = [[] for _ in range(dist.get_world_size())]
-    dist.all_gather_object(plans, plan)
-    tensors = _full_tensors(items, shape, dtype)
-    if rank == 0:
-        _write_rank0(
-            out_dir,
-            sorted((e for p in plans for e in p), key=lambda e: e[:2]),
-            tensors,
-            hf_config,
-            device=items[0][1].device,
-        )
+    plan, tensors = gather_hf_weights(model, shape, dtype, dst=0)
+    if dist.get_rank() == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / f".model.safetensors.tmp-{os.getpid()}"
+        writer = SafetensorsWriter(tmp, plan)
+        try:
+            for name, tensor in tensors:
+                writer.write(name, tensor)
+        finally:
+            writer.close()
+        os.replace(tmp, out_dir / "model.safetensors")
+        tmp_config = out_dir / f".config.json.tmp-{os.getpid()}"
+        tmp_config.write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp_config, out_dir / "config.json")
     else:
-        for _, tensor in tensors:
-            dist.send(tensor.contiguous(), dst=0)
+        for _ in tensors:
+            pass
     dist.barrier()
-
-
-def _write_rank0(out_dir: Path, entries: list, tensors, hf_config: dict, device: torch.device) -> None:
-    names = [e[2] for e in entries]
-    if len(set(names)) != len(names):
-        raise RuntimeError("export: two ranks planned the same HF tensor")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".model.safetensors.tmp-{os.getpid()}"
-    writer = SafetensorsWriter(tmp, [(name, hf_shape, dt) for _, _, name, hf_shape, dt, _ in entries])
-    try:
-        for _, _, name, hf_shape, dt, src in entries:
-            if src == 0:
-                own_name, tensor = next(tensors)
-                if own_name != name:
-                    raise RuntimeError(f"export: rank 0 produced {own_name}, planned {name}")
-            else:
-                tensor = torch.empty(hf_shape, dtype=dt, device=device)
-                dist.recv(tensor, src=src)
-            writer.write(name, tensor)
-        if next(tensors, None) is not None:
-            raise RuntimeError("export: rank 0 produced a tensor it had not planned")
-    finally:
-        writer.close()
-    os.replace(tmp, out_dir / "model.safetensors")
-    tmp_config = out_dir / f".config.json.tmp-{os.getpid()}"
-    tmp_config.write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp_config, out_dir / "config.json")
-
-
-def _full_tensors(items: list[tuple[Mapping, torch.nn.Parameter]], shape: ModelShape, dtype: torch.dtype | None):
-    """Yields (HF name, full tensor) for what this rank sends, gathering every item's TP shards on the way.
-
-    A generator, so rank 0 gathers its own next tensor only when the file has reached it.
-    """
-    for m, p in items:
-        rank, size, group = _shard_group(m)
-        full = p.detach()
-        if size > 1 and m.kind != "none":
-            shards = [torch.empty_like(full) for _ in range(size)]
-            dist.all_gather(shards, full.contiguous(), group=group)
-            full = torch.cat(shards, dim=1 if m.kind == "row" else 0)
-        if rank == 0:
-            tensors = split_full(m, full, size, shape)
-            for name in m.hf:  # the order hf_shapes planned
-                yield name, tensors[name].to(dtype or p.dtype)
 
 
 def _export_items(chunk: GPTModel, shape: ModelShape) -> list[tuple[Mapping, torch.nn.Parameter]]:

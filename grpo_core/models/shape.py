@@ -180,3 +180,28 @@ def load_model_shape(name_or_path: str) -> ModelShape:
     if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
         raise ModelShapeError(f"{name_or_path}: no such model directory, and not a hub id (org/name)")
     return ModelShape.from_hf_config(_read_hub(name_or_path))
+
+
+WEIGHT_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja")
+
+
+def model_weights_dir(name_or_path: str) -> Path:
+    """A local directory holding the model's config, safetensors and tokenizer: the path itself, or the
+    hub snapshot (downloaded once into the Hugging Face cache; later runs read the cache)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not any(path.glob("*.safetensors")):
+            raise ModelShapeError(f"{path}: no *.safetensors weights there")
+        return path
+    if path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
+        raise ModelShapeError(f"{name_or_path}: no such model directory, and not a hub id (org/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name_or_path, allow_patterns=list(WEIGHT_FILES)))
+    except Exception as e:
+        reason = str(e).splitlines()[0][:200]
+        raise ModelShapeError(
+            f"could not download {name_or_path!r} from the Hugging Face hub ({reason}); "
+            "point actor_rollout_ref.model.path at a local directory"
+        ) from None

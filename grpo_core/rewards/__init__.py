@@ -2,13 +2,14 @@
 
 from collections.abc import Callable
 
-from grpo_core.rewards import gsm8k
+from grpo_core.rewards import capitals, gsm8k
 
 RewardFn = Callable[..., float]
 
 REWARDS: dict[str, RewardFn] = {
     "openai/gsm8k": gsm8k.compute_score,
     "gsm8k": gsm8k.compute_score,
+    "synthetic/capitals": capitals.compute_score,
 }
 
 

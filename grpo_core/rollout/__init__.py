@@ -1,5 +1,50 @@
-"""Rollout engines: sample responses for prompts. Import ``HFEngine`` from ``grpo_core.rollout.hf`` (transformers)."""
+"""Rollout engines: sample responses for prompts. ``build_engine`` picks one from the config."""
+
+import os
+
+import torch
 
 from grpo_core.rollout.base import Generation, RolloutEngine, SamplingSettings, to_rollout_batch
 
-__all__ = ["Generation", "RolloutEngine", "SamplingSettings", "to_rollout_batch"]
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def build_engine(cfg, shape, model_dir: str, tokenizer) -> RolloutEngine:
+    """This rank's engine for ``actor_rollout_ref.rollout.name``, loaded from ``model_dir``."""
+    r = cfg.actor_rollout_ref.rollout
+    trust = cfg.actor_rollout_ref.model.trust_remote_code
+    if r.name == "hf":
+        from grpo_core.rollout.hf import HFEngine
+
+        where = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+        return HFEngine(
+            model_dir, tokenizer, dtype=r.dtype, device=where, max_batch_size=r.max_num_seqs, trust_remote_code=trust
+        )
+    if r.name == "vllm":
+        from grpo_core.rollout.vllm import VLLMEngine
+
+        max_model_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+        placement: dict = {}
+        if torch.cuda.is_available():  # this rank's GPU and those of its rollout-TP peers
+            first = int(os.environ.get("LOCAL_RANK", "0"))
+            placement["device_ids"] = list(range(first, first + r.tensor_model_parallel_size))
+        else:  # on a CPU, gpu_memory_utilization would be a share of host RAM: size the KV cache instead
+            kv_per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * DTYPE_BYTES[r.dtype]
+            placement["kv_cache_memory_bytes"] = kv_per_token * max_model_len * r.max_num_seqs + (64 << 20)
+        return VLLMEngine(
+            model_dir,
+            dtype=r.dtype,
+            seed=r.seed,
+            tensor_parallel_size=r.tensor_model_parallel_size,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            max_model_len=max_model_len,
+            max_num_seqs=r.max_num_seqs,
+            max_num_batched_tokens=max(r.max_num_batched_tokens, max_model_len),
+            enforce_eager=r.enforce_eager,
+            trust_remote_code=trust,
+            **placement,
+        )
+    raise ValueError(f"rollout engine {r.name!r} is not available in this build; use vllm or hf")
+
+
+__all__ = ["Generation", "RolloutEngine", "SamplingSettings", "build_engine", "to_rollout_batch"]

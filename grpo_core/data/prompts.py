@@ -1,0 +1,116 @@
+"""Prompts for training and validation: verl-schema parquet rows -> chat-templated token ids, in batches.
+
+A batch is a pure function of (seed, step): epoch ``e`` is a permutation seeded by ``seed + e``, so every
+rank draws the same prompts without talking, and a resumed run continues from its step number alone.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from grpo_core.data.gsm8k import DataError
+
+
+def load_rows(path: str | Path, limit: int | None = None) -> list[dict]:
+    """Rows of a verl-schema parquet file (``grpo prepare``'s output); DataError if it is not one."""
+    import pyarrow.parquet as pq
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise DataError(f"data file {path} {'is not a file' if path.exists() else 'does not exist'}")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise DataError(f"{path} is not a readable Parquet file: {reason}") from exc
+    if missing := sorted({"prompt", "reward_model"} - set(table.column_names)):
+        raise DataError(f"{path} has no {'/'.join(missing)} column; expected verl's schema (see `grpo prepare`)")
+    if limit is not None:
+        table = table.slice(0, limit)
+    return table.to_pylist()
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The chat template's token ids, ready for the assistant's turn."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5 returns a BatchEncoding
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    data_source: str
+    ground_truth: str
+    index: int  # row number in its file(s), for records
+
+
+def _fit(ids: list[int], max_len: int, truncation: str) -> list[int] | None:
+    """``ids`` cut to ``max_len`` as ``truncation`` says; None when it says "error"."""
+    if len(ids) <= max_len:
+        return ids
+    if truncation == "left":
+        return ids[-max_len:]
+    if truncation == "right":
+        return ids[:max_len]
+    if truncation == "middle":
+        head = max_len // 2
+        return ids[:head] + ids[len(ids) - (max_len - head) :]
+    return None
+
+
+def load_prompts(
+    files: list[str],
+    tokenizer,
+    max_prompt_length: int,
+    filter_overlong: bool = True,
+    truncation: str = "error",
+    limit: int | None = None,
+) -> tuple[list[Prompt], int]:
+    """(prompts, number dropped for length). Overlong prompts are dropped (``filter_overlong``), cut
+    (``truncation``), or rejected with a DataError naming the first one."""
+    prompts, dropped = [], 0
+    for path in files:
+        for row in load_rows(path, limit):
+            ids = chat_prompt_ids(tokenizer, row["prompt"])
+            if len(ids) > max_prompt_length:
+                if filter_overlong:
+                    dropped += 1
+                    continue
+                ids = _fit(ids, max_prompt_length, truncation)
+                if ids is None:
+                    raise DataError(
+                        f"{path}: row {len(prompts) + dropped} has more than data.max_prompt_length="
+                        f"{max_prompt_length} prompt tokens (set data.filter_overlong_prompts=true "
+                        "or data.truncation=left|right|middle)"
+                    )
+            prompts.append(
+                Prompt(
+                    ids=ids,
+                    data_source=row.get("data_source") or "",
+                    ground_truth=str(row["reward_model"]["ground_truth"]),
+                    index=len(prompts) + dropped,
+                )
+            )
+    if not prompts:
+        raise DataError(f"no usable prompts in {files} ({dropped} longer than data.max_prompt_length)")
+    return prompts, dropped
+
+
+class PromptSampler:
+    """``batch(step)``: the prompts of training step ``step`` (0-based); incomplete tail batches are dropped."""
+
+    def __init__(self, prompts: list[Prompt], batch_size: int, shuffle: bool = True, seed: int = 1):
+        if batch_size > len(prompts):
+            raise DataError(f"data.train_batch_size={batch_size} is more than the {len(prompts)} training prompts")
+        self.prompts, self.batch_size, self.shuffle, self.seed = prompts, batch_size, shuffle, seed
+        self.steps_per_epoch = len(prompts) // batch_size
+
+    def batch(self, step: int) -> list[Prompt]:
+        epoch, position = divmod(step, self.steps_per_epoch)
+        order = list(range(len(self.prompts)))
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + epoch)
+            order = torch.randperm(len(self.prompts), generator=generator).tolist()
+        first = position * self.batch_size
+        return [self.prompts[i] for i in order[first : first + self.batch_size]]

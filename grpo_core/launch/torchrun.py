@@ -1,0 +1,322 @@
+"""Start the trainer under torchrun on this node (one node, or one node of many) and report how it ended.
+
+``torchrun_argv`` is a pure function from the job shape to torchrun's command line; ``run_node`` starts it
+in its own session with the config's environment, writes the agent's output (which tees every rank's
+output) to ``node{R}.log``, and raises ``LaunchError`` naming the first failed rank when torchrun fails.
+``launch`` joins the two for a config.
+
+Never a hang: an overall timeout and a "stuck" guard (no new output in the node log and no touch of the
+heartbeat file for ``stuck_s`` seconds) stop the job. Everything the job started is killed at the end,
+whether it succeeded or not: the agent's process group, and every process that carries this launch's
+``GRPO_LAUNCH_ID`` in its environment. The latter matters because torchrun starts each rank in a session
+of its own and megatron's checkpoint writer leaves a multiprocessing manager behind, so a kill of the
+agent's group alone would miss them.
+
+Simplification: the stuck guard watches output, not progress; a trainer that is silent for longer than
+``stuck_s`` (a long checkpoint save, say) should touch ``$GRPO_HEARTBEAT_FILE``.
+"""
+
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_core.launch.common import JobShape, LaunchError, first_failure, parse_root_causes, tail
+
+log = logging.getLogger(__name__)
+
+LAUNCH_ID_VAR = "GRPO_LAUNCH_ID"
+HEARTBEAT_VAR = "GRPO_HEARTBEAT_FILE"
+
+
+def torchrun_argv(
+    command: Sequence[str],
+    *,
+    nproc_per_node: int,
+    nnodes: int | str = 1,
+    node_rank: int | None = 0,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str = "grpo",
+    rdzv_timeout_s: int = 600,
+    log_dir: str | Path | None = None,
+    max_restarts: int = 0,
+) -> list[str]:
+    """torchrun's command line for ``command`` (``[python, -m, module, args...]``, ``[python, script.py, ...]``
+    or any other program, which runs with ``--no-python``).
+
+    One node without an endpoint: ``--standalone``. Otherwise a c10d rendezvous at ``rdzv_endpoint``
+    (HOST:PORT, reachable from every node) that waits up to ``rdzv_timeout_s`` for all ``nnodes`` agents.
+    ``node_rank=None`` leaves ``--node-rank`` out (Slurm sets it per task). With ``log_dir``, each rank's
+    stdout/stderr also go to ``log_dir/<rdzv_id>_*/attempt_0/<local_rank>/``. torchrun itself runs on the
+    command's interpreter, so the ranks get the same one.
+    """
+    if not command:
+        raise ValueError("empty command")
+    python, target = _split_python(command)
+    argv = [python, "-m", "torch.distributed.run"]
+    if nnodes == 1 and rdzv_endpoint is None:
+        argv.append("--standalone")
+    else:
+        if rdzv_endpoint is None:
+            raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint (HOST:PORT of the rendezvous)")
+        argv.append(f"--nnodes={nnodes}")
+        if node_rank is not None:
+            argv.append(f"--node-rank={node_rank}")
+        argv += [
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv_endpoint}",
+            f"--rdzv-id={rdzv_id}",
+            f"--rdzv-conf=join_timeout={rdzv_timeout_s}",
+        ]
+    argv += [f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}"]
+    if log_dir is not None:
+        argv += [f"--log-dir={log_dir}", "--tee=3"]
+    return argv + target
+
+
+def _split_python(command: Sequence[str]) -> tuple[str, list[str]]:
+    """(interpreter, torchrun's script part) for a command."""
+    first, rest = command[0], list(command[1:])
+    if not Path(first).name.startswith("python"):
+        return sys.executable, ["--no-python", *command]
+    if rest[:1] == ["-m"] and len(rest) >= 2:
+        return first, ["-m", *rest[1:]]
+    if not rest or rest[0].startswith("-"):
+        raise ValueError(f"torchrun takes a script or -m module after the interpreter, not {shlex.join(command)}")
+    return first, rest
+
+
+@dataclass(frozen=True)
+class NodeLogs:
+    """Where one node's launch writes: ``node{R}.log`` (agent output with every rank's lines), ``node{R}-ranks/``
+    (torchrun's per-rank logs), ``node{R}-error.json`` (torchrun's error file) and ``node{R}-heartbeat``."""
+
+    root: Path
+    node_rank: int = 0
+
+    @property
+    def node_log(self) -> Path:
+        return self.root / f"node{self.node_rank}.log"
+
+    @property
+    def rank_dir(self) -> Path:
+        return self.root / f"node{self.node_rank}-ranks"
+
+    @property
+    def error_file(self) -> Path:
+        return self.root / f"node{self.node_rank}-error.json"
+
+    @property
+    def heartbeat(self) -> Path:
+        return self.root / f"node{self.node_rank}-heartbeat"
+
+
+@dataclass(frozen=True)
+class NodeRun:
+    """A node whose torchrun agent exited 0."""
+
+    node_rank: int
+    log_path: Path
+    seconds: float
+
+
+def launch(
+    cfg: Any,
+    command: Sequence[str],
+    *,
+    log_dir: str | Path,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str = "grpo",
+    extra_env: Mapping[str, str] | None = None,
+    timeout_s: float = 7 * 24 * 3600,
+    stuck_s: float | None = 1800,
+    rdzv_timeout_s: int = 600,
+) -> NodeRun:
+    """Run ``command`` on every rank of this node, shaped by ``cfg.trainer`` (``nnodes``, ``n_gpus_per_node``,
+    ``env``). With ``trainer.nnodes > 1`` call this once on each node with its ``node_rank`` and the same
+    ``rdzv_endpoint`` (HOST:PORT on node 0) and ``rdzv_id``. Raises ``LaunchError`` unless every rank exits 0."""
+    shape = JobShape.from_config(cfg)
+    logs = NodeLogs(Path(log_dir), node_rank)
+    argv = torchrun_argv(
+        command,
+        nproc_per_node=shape.nproc_per_node,
+        nnodes=shape.nnodes,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=rdzv_id,
+        rdzv_timeout_s=rdzv_timeout_s,
+        log_dir=logs.rank_dir,
+    )
+    return run_node(argv, logs, env={**shape.env, **(extra_env or {})}, timeout_s=timeout_s, stuck_s=stuck_s)
+
+
+def run_node(
+    argv: Sequence[str],
+    logs: NodeLogs,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 7 * 24 * 3600,
+    stuck_s: float | None = 1800,
+    grace_s: float = 10.0,
+    poll_s: float = 0.5,
+) -> NodeRun:
+    """Run a torchrun command line with ``env`` added to this process's environment; see the module docstring."""
+    launch_id = uuid.uuid4().hex
+    logs.root.mkdir(parents=True, exist_ok=True)
+    for stale in (logs.error_file, logs.heartbeat):
+        stale.unlink(missing_ok=True)
+    full_env = {
+        **os.environ,
+        **(env or {}),
+        LAUNCH_ID_VAR: launch_id,
+        HEARTBEAT_VAR: str(logs.heartbeat),
+        "TORCHELASTIC_ERROR_FILE": str(logs.error_file),
+    }
+    log.info("node %d: %s (log: %s)", logs.node_rank, shlex.join(argv), logs.node_log)
+    start = time.monotonic()
+    with open(logs.node_log, "w") as out:
+        out.write(f"$ {shlex.join(argv)}\n")
+        out.flush()
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+        )
+        try:
+            returncode, guard = _wait(proc, logs, start, timeout_s, stuck_s, poll_s)
+            if guard is not None:
+                _terminate(proc, grace_s)
+        finally:
+            kill_launch(proc, launch_id)
+    seconds = time.monotonic() - start
+    if guard is not None:
+        kind, why = guard
+        raise LaunchError(
+            f"node {logs.node_rank}: {kind}: {why}; killed the job after {seconds:.0f} s (log: {logs.node_log})",
+            kind=kind,
+            node_rank=logs.node_rank,
+            log_path=logs.node_log,
+            log_tail=tail(logs.node_log),
+        )
+    if returncode != 0:
+        raise failure_error(returncode, logs)
+    return NodeRun(logs.node_rank, logs.node_log, seconds)
+
+
+def _wait(
+    proc: subprocess.Popen, logs: NodeLogs, start: float, timeout_s: float, stuck_s: float | None, poll_s: float
+) -> tuple[int | None, tuple[str, str] | None]:
+    """(return code, None) when torchrun exits, or (None, (guard, why)) when the timeout or stuck guard fires."""
+    last_seen, last_change = _activity(logs), start
+    while True:
+        try:
+            return proc.wait(timeout=poll_s), None
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if now - start > timeout_s:
+            return None, ("timeout", f"still running after the {timeout_s:g} s limit")
+        seen = _activity(logs)
+        if seen != last_seen:
+            last_seen, last_change = seen, now
+        elif stuck_s is not None and now - last_change > stuck_s:
+            return None, ("stuck", f"no output and no heartbeat for {stuck_s:g} s")
+
+
+def _activity(logs: NodeLogs) -> tuple[int, int]:
+    """(size of the node log, mtime of the heartbeat file): any change is a sign of life."""
+    sizes = []
+    for path, attr in ((logs.node_log, "st_size"), (logs.heartbeat, "st_mtime_ns")):
+        try:
+            sizes.append(getattr(path.stat(), attr))
+        except OSError:
+            sizes.append(-1)
+    return sizes[0], sizes[1]
+
+
+def _terminate(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the agent's group (torchrun passes it on to the ranks) and give it ``grace_s`` to exit."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+
+
+def kill_launch(proc: subprocess.Popen, launch_id: str) -> None:
+    """SIGKILL the agent's process group and every process whose environment carries ``launch_id``."""
+    for _ in range(5):
+        pids = launch_pids(launch_id)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if not pids:
+            break
+        time.sleep(0.1)
+    proc.wait()
+
+
+def launch_pids(launch_id: str) -> list[int]:
+    """Live processes started by the launch ``launch_id`` (read from /proc/PID/environ; zombies have none)."""
+    marker = f"{LAUNCH_ID_VAR}={launch_id}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            pids.append(int(entry.name))
+    return pids
+
+
+def failure_error(returncode: int, logs: NodeLogs) -> LaunchError:
+    """The ``LaunchError`` for a torchrun agent that exited with ``returncode``: the first failed rank from its
+    report, with that rank's own log tail (or the node log's when the rank has none)."""
+    text = logs.node_log.read_text(errors="replace") if logs.node_log.exists() else ""
+    failure = first_failure(parse_root_causes(text))
+    if failure is None:
+        last = next((line for line in reversed(text.splitlines()) if line.strip()), "no output")
+        message = f"node {logs.node_rank}: torchrun exited with code {returncode} before any rank failed: {last}"
+        return LaunchError(
+            message,
+            kind="failed",
+            node_rank=logs.node_rank,
+            exit_code=returncode,
+            log_path=logs.node_log,
+            log_tail=tail(logs.node_log),
+        )
+    rank_log, rank_tail = rank_log_tail(logs.rank_dir, failure.local_rank)
+    return LaunchError(
+        f"node {logs.node_rank}: {failure.describe()} (log: {rank_log or logs.node_log})",
+        kind="failed",
+        failure=failure,
+        node_rank=logs.node_rank,
+        exit_code=failure.exit_code,
+        log_path=rank_log or logs.node_log,
+        log_tail=rank_tail or tail(logs.node_log),
+    )
+
+
+def rank_log_tail(rank_dir: Path, local_rank: int, lines: int = 40) -> tuple[Path | None, str]:
+    """(log directory, stderr then stdout tail) of a local rank's latest attempt under torchrun's ``--log-dir``."""
+    attempts = sorted(rank_dir.glob(f"*/attempt_*/{local_rank}"), key=lambda p: p.stat().st_mtime)
+    if not attempts:
+        return None, ""
+    latest = attempts[-1]
+    parts = [
+        f"[{name}]\n{text}" for name in ("stderr.log", "stdout.log") if (text := tail(latest / name, lines)).strip()
+    ]
+    return latest, "\n".join(parts)

@@ -1,0 +1,259 @@
+"""The GRPO training loop, run by every torchrun process: rollout -> reward -> advantage -> update -> sync.
+
+Read ``train`` top to bottom: set-up, then one iteration per step. Every rank holds the whole batch of
+each step (the actor slices it by data-parallel rank itself); rollout engines live on the first rank of
+each rollout-TP group and generate that replica's share of the prompts; the results are gathered so all
+ranks go on with the same rollouts. Only rank 0 logs and writes files.
+"""
+
+import json
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from grpo_core import actor as _cpu_compat  # noqa: F401  (must precede megatron)
+from grpo_core.actor.actor import ActorSettings, MegatronActor
+from grpo_core.actor.parallel import init_model_parallel
+from grpo_core.algos import get_adv_estimator, kl_penalty
+from grpo_core.config import GRPOConfig, to_flat_dict
+from grpo_core.config.validate import actor_layout
+from grpo_core.data.prompts import Prompt, PromptSampler, load_prompts
+from grpo_core.models.bridge import gather_hf_weights
+from grpo_core.models.shape import ModelShape, model_weights_dir
+from grpo_core.rewards import get_reward_fn
+from grpo_core.rollout import Generation, SamplingSettings, build_engine, to_rollout_batch
+from grpo_core.rollout.hf import load_tokenizer
+from grpo_core.tracking import Tracker
+from grpo_core.trainer import metrics as M
+from grpo_core.trainer.checkpoint import CheckpointManager
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Rollouts:
+    """A step's generations on every rank, scored."""
+
+    gen: Generation
+    scores: list[float]  # one per response
+
+
+def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
+    """Run the configured number of steps (resuming if a checkpoint is there); the last step's metrics."""
+    arr, model_cfg = cfg.actor_rollout_ref, cfg.actor_rollout_ref.model
+    layout = actor_layout(cfg)
+    init_model_parallel(layout, seed=arr.actor.megatron.seed)
+    rank = dist.get_rank()
+
+    # Model files: rank 0 downloads from the hub (if not local) while the others wait for the cache.
+    if rank != 0:
+        dist.barrier()
+    model_dir = model_weights_dir(model_cfg.path)
+    tokenizer_dir = model_weights_dir(model_cfg.tokenizer_path) if model_cfg.tokenizer_path else model_dir
+    if rank == 0:
+        dist.barrier()
+    tokenizer = load_tokenizer(str(tokenizer_dir), model_cfg.trust_remote_code)
+
+    d = cfg.data
+    train_prompts, dropped = load_prompts(
+        d.train_files, tokenizer, d.max_prompt_length, d.filter_overlong_prompts, d.truncation
+    )
+    val_prompts = load_prompts(d.val_files, tokenizer, d.max_prompt_length, True)[0] if _validates(cfg) else []
+    sampler = PromptSampler(train_prompts, d.train_batch_size, d.shuffle, d.seed)
+    total_steps = cfg.trainer.total_training_steps or sampler.steps_per_epoch * cfg.trainer.total_epochs
+    optimizer_steps = total_steps * arr.actor.ppo_epochs * (d.train_batch_size // arr.actor.ppo_mini_batch_size)
+
+    settings = ActorSettings.from_config(cfg, layout, arr.actor.optim.total_training_steps or optimizer_steps)
+    actor = MegatronActor(shape, settings, hf_path=str(model_dir))
+    ref = MegatronActor(shape, settings, hf_path=str(model_dir), trainable=False) if _needs_ref(cfg) else None
+    rollout_tp = arr.rollout.tensor_model_parallel_size
+    engine = build_engine(cfg, shape, str(model_dir), tokenizer) if rank % rollout_tp == 0 else None
+
+    try:
+        checkpoints = CheckpointManager(Path(cfg.trainer.default_local_dir) / "checkpoints", cfg.trainer.save_freq)
+        start_step = 0
+        resume_from = checkpoints.resolve_resume(cfg.trainer.resume_mode)
+        if resume_from is not None:
+            start_step = checkpoints.load(resume_from, actor)["step"]
+            sync_weights(actor, engine, shape, arr.rollout.dtype)  # the engine still has the initial weights
+        trainer_state = {
+            "hf_config": json.loads((model_dir / "config.json").read_text()),
+            "dtype": settings.dtype,
+            "tokenizer_path": str(tokenizer_dir),
+        }
+
+        tracker = Tracker(cfg, enabled=rank == 0)
+        tracker.log_params(to_flat_dict(cfg))
+        if dropped:
+            logger.warning("dropped %d training prompts longer than data.max_prompt_length", dropped)
+        if cfg.trainer.val_before_train and val_prompts:
+            tracker.log(validate(cfg, engine, val_prompts, tokenizer), step=start_step)
+
+        sampling = SamplingSettings(
+            n=arr.rollout.n,
+            temperature=arr.rollout.temperature,
+            top_p=arr.rollout.top_p,
+            top_k=arr.rollout.top_k,
+            max_new_tokens=d.max_response_length,
+        )
+        step_metrics: dict[str, float] = {}
+        for step in tracker.progress(range(start_step, total_steps), total=total_steps, start=start_step):
+            timings: dict[str, float] = {}
+            M.reset_peak_memory()
+
+            with timed(timings, "gen"):
+                rollouts = generate(engine, sampler.batch(step), sampling, tokenizer, cfg)
+                if engine is not None and arr.rollout.free_cache_engine:
+                    engine.sleep()
+            batch = to_rollout_batch(rollouts.gen, tokenizer.pad_token_id)
+
+            with timed(timings, "old_log_prob"):
+                micro = arr.rollout.log_prob_micro_batch_size_per_gpu
+                batch.old_log_probs, entropy = actor.compute_log_prob(batch, micro)
+            if ref is not None:
+                with timed(timings, "ref"):
+                    batch.ref_log_probs, _ = ref.compute_log_prob(batch, arr.ref.log_prob_micro_batch_size_per_gpu)
+                    if arr.ref.megatron.param_offload:
+                        ref.offload_to_host(params=True)
+
+            token_rewards = token_level_rewards(rollouts.scores, batch.response_mask)
+            if cfg.algorithm.use_kl_in_reward:
+                kl = kl_penalty(batch.old_log_probs, batch.ref_log_probs, cfg.algorithm.kl_penalty)
+                token_rewards = token_rewards - cfg.algorithm.kl_ctrl.kl_coef * kl * batch.response_mask
+            batch.advantages, _ = get_adv_estimator(cfg.algorithm.adv_estimator)(
+                token_rewards,
+                batch.response_mask,
+                index=rollouts.gen.group_index,
+                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+            )
+
+            with timed(timings, "update"):
+                update_metrics = actor.update(batch)
+            with timed(timings, "sync"):
+                if engine is not None and arr.rollout.free_cache_engine:
+                    engine.wake()
+                sync_weights(actor, engine, shape, arr.rollout.dtype)
+                m = arr.actor.megatron
+                actor.offload_to_host(params=m.param_offload, grads=m.grad_offload)
+            timings["step"] = sum(timings.values())
+
+            step_metrics = {
+                **M.rollout_metrics(rollouts.gen, rollouts.scores, batch, cfg.reward_model.score),
+                **M.log_prob_metrics(batch, entropy, rollouts.gen),
+                **update_metrics,
+                **M.timing_metrics(timings),
+                **M.throughput_metrics(batch, timings, shape, dist.get_world_size()),
+            }
+            last = step + 1 == total_steps
+            if val_prompts and cfg.trainer.test_freq > 0 and ((step + 1) % cfg.trainer.test_freq == 0 or last):
+                step_metrics |= validate(cfg, engine, val_prompts, tokenizer)
+            tracker.log(step_metrics, step=step + 1)
+            if checkpoints.should_save(step + 1, last):
+                checkpoints.save(step + 1, actor, trainer_state)
+        tracker.close()
+        return step_metrics
+    finally:
+        if engine is not None and hasattr(engine, "close"):
+            engine.close()  # vLLM's engine processes do not end with this one
+
+
+# ---- one step's parts ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def timed(timings: dict[str, float], name: str):
+    """Wall seconds of a phase; synchronises the GPU first so queued kernels are not counted later."""
+    start = time.perf_counter()
+    yield
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+
+
+def generate(engine, prompts: list[Prompt], settings: SamplingSettings, tokenizer, cfg: GRPOConfig) -> Rollouts:
+    """Each rollout replica samples its contiguous share of ``prompts``; every rank gets all of it, scored."""
+    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    replicas, replica = dist.get_world_size() // tp, dist.get_rank() // tp
+    share = -(-len(prompts) // replicas)
+    mine = prompts[replica * share : (replica + 1) * share]
+    local = engine.generate([p.ids for p in mine], settings) if engine is not None and mine else None
+    gen = _gather_generations(local)
+    rm = cfg.reward_model
+    scores = []
+    for row, ids in enumerate(gen.response_ids):
+        prompt = prompts[gen.group_index[row]]
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        score_fn = get_reward_fn(prompt.data_source)
+        score = score_fn(text, prompt.ground_truth, method=rm.method, format_score=rm.format_score, score=rm.score)
+        scores.append(score)
+    return Rollouts(gen, scores)
+
+
+def _gather_generations(local: Generation | None) -> Generation:
+    """Concatenate the replicas' generations in rank order, renumbering their prompt groups."""
+    parts: list[Generation | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, local)
+    merged = Generation([], [], [], [], [])
+    for part in parts:
+        if part is None:
+            continue
+        offset = len(merged.prompt_ids)
+        merged.prompt_ids += part.prompt_ids
+        merged.response_ids += part.response_ids
+        merged.response_log_probs += part.response_log_probs
+        merged.finish_reasons += part.finish_reasons
+        merged.group_index += [g + offset for g in part.group_index]
+    return merged
+
+
+def token_level_rewards(scores: list[float], response_mask: torch.Tensor) -> torch.Tensor:
+    """Each response's score on its last token (outcome reward), zeros elsewhere: [B, R]."""
+    rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
+    last = (response_mask.sum(-1) - 1).clamp(min=0)
+    rewards[torch.arange(len(scores)), last] = torch.tensor(scores, dtype=torch.float32)
+    return rewards * response_mask
+
+
+def sync_weights(actor: MegatronActor, engine, shape: ModelShape, dtype: str) -> None:
+    """Stream the actor's weights, as full HF tensors, into this rank's engine (every rank takes part)."""
+    _, tensors = gather_hf_weights(actor.model, shape, dtype=dtype, dst=None)
+    if engine is not None:
+        engine.update_weights(tensors)
+    for _ in tensors:  # ranks without an engine (and an engine that stopped early) still join every transfer
+        pass
+
+
+def validate(cfg: GRPOConfig, engine, prompts: list[Prompt], tokenizer) -> dict[str, float]:
+    """Greedy (or val_kwargs) samples of the validation prompts: mean reward and accuracy (full score)."""
+    val = cfg.actor_rollout_ref.rollout.val_kwargs
+    settings = SamplingSettings(
+        n=val.n,
+        temperature=val.temperature if val.do_sample else 0.0,
+        top_p=val.top_p,
+        max_new_tokens=cfg.data.max_response_length,
+    )
+    size = cfg.data.val_batch_size or len(prompts)
+    scores, lengths = [], []
+    for first in range(0, len(prompts), size):
+        rollouts = generate(engine, prompts[first : first + size], settings, tokenizer, cfg)
+        scores += rollouts.scores
+        lengths += [len(r) for r in rollouts.gen.response_ids]
+    full = cfg.reward_model.score
+    return {
+        "val/reward_mean": sum(scores) / len(scores),
+        "val/accuracy": sum(s >= full for s in scores) / len(scores),
+        "val/response_length_mean": sum(lengths) / len(lengths),
+    }
+
+
+def _validates(cfg: GRPOConfig) -> bool:
+    return cfg.trainer.val_before_train or cfg.trainer.test_freq > 0
+
+
+def _needs_ref(cfg: GRPOConfig) -> bool:
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward

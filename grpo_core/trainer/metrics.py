@@ -1,0 +1,90 @@
+"""Per-step metrics as pure functions of the step's data and timings (verl's names where verl has one)."""
+
+import resource
+
+import torch
+
+from grpo_core.data.batch import RolloutBatch
+from grpo_core.models.shape import ModelShape
+from grpo_core.rollout.base import Generation
+
+# Dense bf16 peak FLOP/s per GPU, for MFU. Unknown devices (and CPUs) get no MFU rather than a guess.
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12, "L40S": 362e12}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def rollout_metrics(gen: Generation, scores: list[float], batch: RolloutBatch, full_score: float) -> dict[str, float]:
+    lengths = [len(r) for r in gen.response_ids]
+    t = torch.tensor(scores, dtype=torch.float64)
+    prompt_lengths = (batch.attention_mask.sum(-1) - batch.response_mask.sum(-1)).float()
+    return {
+        "reward/mean": t.mean().item(),
+        "reward/std": t.std().item() if len(scores) > 1 else 0.0,
+        "reward/max": t.max().item(),
+        "reward/min": t.min().item(),
+        "reward/accuracy": _mean([s >= full_score for s in scores]),
+        "response/length_mean": _mean(lengths),
+        "response/length_max": float(max(lengths)),
+        "response/clip_ratio": _mean([r == "length" for r in gen.finish_reasons]),
+        "prompt/length_mean": prompt_lengths.mean().item(),
+    }
+
+
+def log_prob_metrics(batch: RolloutBatch, entropy: torch.Tensor, gen: Generation) -> dict[str, float]:
+    """The rollout engine's log-probs against the actor's: a large gap means the weight sync is broken."""
+    mask = batch.response_mask.bool()
+    rollout_lp = torch.zeros_like(batch.old_log_probs)
+    for row, lp in enumerate(gen.response_log_probs):
+        rollout_lp[row, : len(lp)] = torch.tensor(lp)
+    diff = (rollout_lp - batch.old_log_probs).abs()[mask]
+    return {
+        "actor/entropy_before_update": entropy[mask].mean().item(),
+        "rollout/log_prob_diff_mean": diff.mean().item(),
+        "rollout/log_prob_diff_max": diff.max().item(),
+    }
+
+
+def timing_metrics(timings: dict[str, float]) -> dict[str, float]:
+    return {f"timing/{name}": seconds for name, seconds in timings.items()}
+
+
+def throughput_metrics(batch: RolloutBatch, timings: dict[str, float], shape: ModelShape, world: int) -> dict:
+    """Tokens (prompt + response, no padding) per second per GPU over the whole step, and the update's MFU.
+
+    Training FLOPs per token (forward + backward): 6 x parameters for the matmuls, plus
+    6 x layers x hidden x sequence for causal attention's scores and weighted sums.
+    """
+    tokens = int(batch.attention_mask.sum())
+    seq = batch.input_ids.shape[1]
+    metrics = {
+        "perf/total_tokens": float(tokens),
+        "perf/throughput": tokens / max(timings["step"], 1e-9) / world,
+        "perf/max_memory_gib": peak_memory_gib(),
+    }
+    peak = peak_flops()
+    if peak and "update" in timings:
+        flops = tokens * (6 * shape.num_params + 6 * shape.num_layers * shape.hidden_size * seq)
+        metrics["perf/mfu/actor"] = flops / timings["update"] / (peak * world)
+    return metrics
+
+
+def peak_flops() -> float | None:
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    return next((flops for key, flops in PEAK_FLOPS.items() if key in name), None)
+
+
+def reset_peak_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory_gib() -> float:
+    """GPU: peak allocated this step. CPU: the process's peak resident set (since it started)."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux

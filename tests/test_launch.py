@@ -1,0 +1,251 @@
+"""grpo_core.launch.torchrun: the torchrun command line, and real runs of tests/dist/allreduce_worker.py
+(gloo on CPU) on one node and on two simulated nodes (two torchrun agents on this host, c10d rendezvous on
+127.0.0.1), including a failing rank, a killed rank and a hanging rank."""
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_core.config.schema import GRPOConfig
+from grpo_core.launch import JobShape, LaunchError, trainer_command
+from grpo_core.launch.common import first_failure, parse_root_causes
+from grpo_core.launch.torchrun import NodeLogs, launch, run_node, torchrun_argv
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = str(REPO / "tests" / "dist" / "allreduce_worker.py")
+PY = sys.executable
+FAILURE_BOUND_S = 60  # a failure must be reported within this many seconds
+
+
+def cfg(nnodes: int = 1, nproc: int = 2, **env: str) -> dict:
+    return {
+        "trainer": {
+            "nnodes": nnodes,
+            "n_gpus_per_node": nproc,
+            "device": "cpu",
+            "env": {"OMP_NUM_THREADS": "1", **env},
+        }
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie no reaper collected counts as dead)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def worker(out: Path, *args: str) -> list[str]:
+    return [PY, WORKER, "--out", str(out), *args]
+
+
+def results(out: Path) -> dict[int, dict]:
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
+
+
+def launch_nodes(config: dict, command: list[str], log_dir: Path, **kwargs) -> list[object]:
+    """Both nodes of a 2-node job, each a ``launch`` call in its own thread: [NodeRun or LaunchError] per node."""
+    port, outcome = free_port(), [None, None]
+
+    def node(rank: int) -> None:
+        try:
+            endpoint = f"127.0.0.1:{port}"
+            outcome[rank] = launch(
+                config,
+                command,
+                log_dir=log_dir,
+                node_rank=rank,
+                rdzv_endpoint=endpoint,
+                rdzv_id="t",
+                rdzv_timeout_s=60,
+                **kwargs,
+            )
+        except LaunchError as e:
+            outcome[rank] = e
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcome
+
+
+# --- the command line -----------------------------------------------------------------------------------
+
+
+def test_argv_one_node_runs_the_trainer_module_standalone():
+    command = trainer_command("configs/grpo_base.yaml", ["trainer.total_training_steps=2"], python="/venv/bin/python")
+    assert torchrun_argv(command, nproc_per_node=8) == [
+        "/venv/bin/python", "-m", "torch.distributed.run",
+        "--standalone", "--nproc-per-node=8", "--max-restarts=0",
+        "-m", "grpo_core.trainer.main_ppo", "--config", "configs/grpo_base.yaml", "trainer.total_training_steps=2",
+    ]  # fmt: skip
+
+
+def test_argv_multi_node_uses_a_c10d_rendezvous():
+    argv = torchrun_argv(
+        ["/venv/bin/python", "train.py", "--lr", "1e-6"],
+        nproc_per_node=8, nnodes=4, node_rank=2, rdzv_endpoint="10.0.0.1:29500", rdzv_id="run7",
+        rdzv_timeout_s=300, log_dir="/logs/node2-ranks",
+    )  # fmt: skip
+    assert argv == [
+        "/venv/bin/python", "-m", "torch.distributed.run",
+        "--nnodes=4", "--node-rank=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29500", "--rdzv-id=run7",
+        "--rdzv-conf=join_timeout=300", "--nproc-per-node=8", "--max-restarts=0",
+        "--log-dir=/logs/node2-ranks", "--tee=3",
+        "train.py", "--lr", "1e-6",
+    ]  # fmt: skip
+
+
+def test_argv_checks():
+    with pytest.raises(ValueError, match="rdzv_endpoint"):
+        torchrun_argv([PY, "train.py"], nproc_per_node=8, nnodes=2)
+    with pytest.raises(ValueError, match="script or -m module"):
+        torchrun_argv([PY, "-u", "train.py"], nproc_per_node=1)
+    # Anything that is not a Python command runs as it is, under this interpreter's torchrun.
+    assert torchrun_argv(["./train.sh", "x"], nproc_per_node=2)[-3:] == ["--no-python", "./train.sh", "x"]
+
+
+def test_job_shape_from_the_typed_config_and_from_a_dict():
+    shape = JobShape.from_config(GRPOConfig())
+    assert (shape.nnodes, shape.nproc_per_node, shape.device) == (1, 8, "cuda")
+    assert shape.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert JobShape.from_config(cfg(2, 4, A="1")) == JobShape(2, 4, "cpu", {"OMP_NUM_THREADS": "1", "A": "1"})
+
+
+def test_root_cause_parsing_prefers_the_real_failure_on_a_tie():
+    report = """{label}Root Cause (first observed failure):
+{label}[0]:
+{label}  time      : 2026-11-30_01:13:35
+{label}  host      : n1
+{label}  rank      : {rank} (local_rank: 0)
+{label}  exitcode  : {code} (pid: 14608)
+{label}  error_file: <N/A>
+{label}============================================================"""
+    text = report.format(label="0: ", rank=0, code=1) + "\n" + report.format(label="1: ", rank=3, code=7)
+    failures = parse_root_causes(text)
+    assert [(f.rank, f.exit_code, f.node_label) for f in failures] == [(0, 1, "0"), (3, 7, "1")]
+    assert first_failure(failures).rank == 3
+    assert first_failure(parse_root_causes(report.format(label="", rank=2, code=-9))).describe() == (
+        "rank 2 (local rank 0) was killed by SIGKILL (exit code -9)"
+    )
+
+
+# --- the runner on plain commands (no torch) ------------------------------------------------------------
+
+
+def test_heartbeat_keeps_a_silent_job_alive_and_detached_children_are_killed(tmp_path):
+    orphan = tmp_path / "orphan.pid"
+    beat = 'for i in 1 2 3 4 5 6; do touch "$GRPO_HEARTBEAT_FILE"; sleep 1; done'
+    script = f"setsid sleep 600 & echo $! > {orphan}; {beat}"
+    run = run_node(["bash", "-c", script], NodeLogs(tmp_path), stuck_s=3, poll_s=0.2)
+    assert run.seconds > 5  # silent for 6 s with stuck_s=3, yet not stuck
+    assert not alive(int(orphan.read_text()))
+
+
+def test_an_agent_that_fails_before_any_rank_names_its_last_line(tmp_path):
+    with pytest.raises(LaunchError, match="torchrun exited with code 3 before any rank failed: rendezvous broke"):
+        run_node(["bash", "-c", "echo rendezvous broke; exit 3"], NodeLogs(tmp_path, node_rank=1))
+
+
+# --- real runs ------------------------------------------------------------------------------------------
+
+
+def test_one_node_two_ranks_complete_with_the_config_env_and_no_leftovers(tmp_path):
+    out = tmp_path / "out"
+    run = launch(cfg(GRPO_TEST_MARKER="from-config"), worker(out, "--orphan"), log_dir=tmp_path / "logs", stuck_s=60)
+    got = results(out)
+    assert sorted(got) == [0, 1]
+    assert all(r["allreduce_sum"] == 3.0 and r["env_marker"] == "from-config" for r in got.values())
+    assert "rank 1/2 step 0" in run.log_path.read_text()  # the node log has every rank's output
+    # each rank left a `sleep 600` in a session of its own behind; the launcher killed it
+    assert not any(alive(int((out / f"orphan-rank{r}").read_text())) for r in (0, 1))
+
+
+def test_two_nodes_complete(tmp_path):
+    out = tmp_path / "out"
+    start = time.monotonic()
+    runs = launch_nodes(cfg(nnodes=2, nproc=1), worker(out, "--steps", "3"), tmp_path / "logs", stuck_s=60)
+    print(f"2-node run: {time.monotonic() - start:.1f} s")
+    assert not any(isinstance(r, LaunchError) for r in runs), runs
+    got = results(out)
+    assert sorted(got) == [0, 1]
+    assert all(r["world_size"] == 2 and r["allreduce_sum"] == 9.0 for r in got.values())  # 3 steps x (1 + 2)
+
+
+def test_two_nodes_a_rank_exiting_7_is_named_within_the_bound(tmp_path):
+    out = tmp_path / "out"
+    command = worker(out, "--steps", "5", "--fail-rank", "1", "--fail-step", "1")
+    start = time.monotonic()
+    errors = launch_nodes(cfg(nnodes=2, nproc=1), command, tmp_path / "logs", stuck_s=60)
+    elapsed = time.monotonic() - start
+    print(f"2-node failure detected on both nodes in {elapsed:.1f} s")
+    assert all(isinstance(e, LaunchError) for e in errors), errors
+    assert elapsed < FAILURE_BOUND_S
+    # c10d decides which node holds rank 1; that node's error names it, the other node's is collateral
+    root = next(e for e in errors if e.rank == 1)
+    assert "rank 1 (local rank 0) exited with code 7" in str(root) and "\n" not in str(root)
+    assert "failing on purpose with exit code 7" in root.log_tail
+    assert first_failure([e.failure for e in errors if e.failure]).rank == 1
+
+
+def test_two_nodes_a_killed_rank_is_named_within_the_bound(tmp_path):
+    out = tmp_path / "out"
+    command = worker(out, "--steps", "200", "--step-seconds", "0.2")
+
+    def kill_rank_1() -> None:
+        pid_file = out / "pid-rank1"
+        while not (pid_file.exists() and pid_file.read_text() and (out / "pid-rank0").exists()):
+            time.sleep(0.2)
+        time.sleep(2)  # let the ranks get going
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_rank_1, daemon=True)
+    killer.start()
+    start = time.monotonic()
+    errors = launch_nodes(cfg(nnodes=2, nproc=1), command, tmp_path / "logs", timeout_s=120, stuck_s=60)
+    elapsed = time.monotonic() - start
+    print(f"2-node run with rank 1 killed: both nodes failed after {elapsed:.1f} s")
+    assert all(isinstance(e, LaunchError) for e in errors), errors
+    assert elapsed < FAILURE_BOUND_S + 10  # the ranks need a few seconds to start before the kill
+    root = next(e for e in errors if e.rank == 1)
+    assert "rank 1 (local rank 0) was killed by SIGKILL (exit code -9)" in str(root)
+
+
+def test_a_hanging_rank_is_killed_by_the_stuck_guard(tmp_path):
+    out = tmp_path / "out"
+    command = worker(out, "--steps", "3", "--hang-rank", "1", "--fail-step", "1")
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as caught:
+        launch(cfg(), command, log_dir=tmp_path / "logs", stuck_s=20, timeout_s=120)
+    elapsed = time.monotonic() - start
+    print(f"hang detected and killed after {elapsed:.1f} s")
+    assert caught.value.kind == "stuck" and "no output and no heartbeat for 20 s" in str(caught.value)
+    assert "rank 0/2 step 0" in caught.value.log_tail  # it did hang after a step, not while starting
+    assert elapsed < FAILURE_BOUND_S
+    assert not any(alive(int(p.read_text())) for p in out.glob("pid-rank*"))
+
+
+def test_the_overall_timeout_kills_a_job_that_keeps_printing(tmp_path):
+    out = tmp_path / "out"
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as caught:
+        launch(cfg(), worker(out, "--steps", "1000", "--step-seconds", "0.2"), log_dir=tmp_path / "logs", timeout_s=15)
+    assert caught.value.kind == "timeout"
+    assert time.monotonic() - start < 15 + FAILURE_BOUND_S / 2
+    assert not any(alive(int(p.read_text())) for p in out.glob("pid-rank*"))

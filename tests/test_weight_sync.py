@@ -1,0 +1,37 @@
+"""Weight sync from the megatron actor into HFEngine, at 1 process (TP1) and 2 processes (TP2).
+
+After one GRPO update the actor's full HF tensors go to every rank's engine (gather_hf_weights with
+dst=None); the engine's teacher-forced log-probs must then equal the actor's, and must not before.
+The actor runs in torchrun workers (tests/dist/sync_worker.py), so this process never imports it.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.dist.launch import torchrun
+
+TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct" / "tokenizer"
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def record(request, tmp_path_factory) -> dict:
+    if not TOKENIZER.is_dir():
+        pytest.skip(f"{TOKENIZER} (the shared SmolLM2 tokenizer) is not present")
+    workdir = tmp_path_factory.mktemp(f"sync{request.param}")
+    out = workdir / "record.json"
+    torchrun("sync_worker.py", request.param, "--workdir", str(workdir), "--out", str(out))
+    record = json.loads(out.read_text())
+    print(f"x{request.param}:", json.dumps(record["ranks"]))  # numbers for -s / failure reports
+    return record
+
+
+def test_hf_engine_matches_actor_after_sync(record):
+    assert len(record["ranks"]) == record["world"]
+    assert record["metrics"]["actor/grad_norm"] > 0, record["metrics"]
+    for rank, numbers in enumerate(record["ranks"]):
+        assert numbers["before"] > 1e-3, f"rank {rank}: the update did not move the log-probs: {numbers}"
+        assert numbers["after"] <= TOL, f"rank {rank}: engine and actor differ by {numbers['after']:.2e} after sync"
+        assert numbers["still_tied"], f"rank {rank}: the push untied lm_head from the embedding"
