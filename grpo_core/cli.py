@@ -39,6 +39,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     d = run.config.data
     if missing := [p for p in d.train_files + d.val_files if not Path(p).is_file()]:
         raise UserError(f"data file(s) {', '.join(missing)} do not exist; write them with `grpo prepare`")
+    from grpo_core.trainer.checkpoint import CheckpointManager, read_trainer_state
+
+    resume_from = CheckpointManager.for_run(run.config.trainer).resolve_resume(run.config.trainer.resume_mode)
+    if resume_from is not None:
+        read_trainer_state(resume_from)  # an unreadable checkpoint fails here, in one line, not in every rank
     for warning in run.report.warnings:
         err_console.print(f"warning: {warning}", style="yellow", markup=False, soft_wrap=True)
     if "TORCHELASTIC_RUN_ID" not in os.environ:
@@ -55,12 +60,14 @@ def _launch_torchrun(cfg, args: argparse.Namespace) -> int:
     import os
     import subprocess
 
+    from grpo_core.launch import trainer_command
+    from grpo_core.launch.torchrun import torchrun_argv
+
     if cfg.trainer.nnodes != 1:
-        raise UserError(f"trainer.nnodes={cfg.trainer.nnodes}: start multi-node runs with the launcher (grpo launch)")
-    nproc = cfg.trainer.n_gpus_per_node
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    command += ["-m", "grpo_core.trainer.main_ppo", *(["--config", args.config] if args.config else [])]
-    command += args.overrides
+        raise UserError(
+            f"trainer.nnodes={cfg.trainer.nnodes}: start each node with grpo_core.launch (torchrun c10d or Slurm)"
+        )
+    command = torchrun_argv(trainer_command(args.config, args.overrides), nproc_per_node=cfg.trainer.n_gpus_per_node)
     env = {**os.environ, **{k: str(v) for k, v in cfg.trainer.env.items()}}
     return subprocess.run(command, env=env).returncode
 

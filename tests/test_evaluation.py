@@ -19,8 +19,8 @@ from grpo_core.evaluation import (
     write_results,
 )
 from grpo_core.rollout import Generation, SamplingSettings
+from tests.support.tiny import TOKENIZER
 
-TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct" / "tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")  # not its 135M config.json
 
 
@@ -182,7 +182,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random Llama saved with the SmolLM2 tokenizer: what `grpo export` leaves behind."""
     if not TOKENIZER.is_dir():
         pytest.skip(f"{TOKENIZER} (the shared SmolLM2 tokenizer) is not present")
-    from tests.test_rollout_hf import tiny_llama
+    from tests.support.tiny import tiny_llama
 
     out = tmp_path_factory.mktemp("tiny_model")
     tiny_llama().save_pretrained(out)

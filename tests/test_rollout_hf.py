@@ -1,33 +1,10 @@
 """HFEngine against plain transformers on a tiny random Llama, and the padded batch layout by hand."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from grpo_core.rollout import Generation, SamplingSettings, to_rollout_batch
-
-TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct" / "tokenizer"
-
-
-def tiny_llama(seed: int = 0, tied: bool = True):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=tied,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    return LlamaForCausalLM(config).eval()
+from tests.support.tiny import TOKENIZER, tiny_llama
 
 
 @pytest.fixture(scope="module")

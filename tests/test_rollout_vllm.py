@@ -8,14 +8,13 @@ imports the megatron actor, which this process must not. Skipped only when vLLM 
 import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.dist.launch import torchrun
+from tests.support.tiny import TOKENIZER
 
-TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct" / "tokenizer"
 TOL = 1e-4  # fp32
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 

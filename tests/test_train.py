@@ -128,3 +128,16 @@ def test_missing_data_is_one_line_and_exit_2(tmp_path, capitals):
     assert result.returncode == 2
     assert "data file(s) /no/such.parquet do not exist" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_unreadable_checkpoint_is_one_line_and_exit_2(tmp_path, capitals):
+    model = tiny_model_dir(tmp_path / "model")
+    run = tmp_path / "run"
+    broken = run / "checkpoints" / "step_000001"
+    broken.mkdir(parents=True)
+    (broken / "trainer_state.json").write_text("{not json")
+    result = grpo_train(run, *base_overrides(model, capitals, 2))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "unreadable trainer state" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert (broken / "trainer_state.json").read_text() == "{not json"  # left as it was

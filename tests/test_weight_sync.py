@@ -6,13 +6,12 @@ The actor runs in torchrun workers (tests/dist/sync_worker.py), so this process 
 """
 
 import json
-from pathlib import Path
 
 import pytest
 
 from tests.dist.launch import torchrun
+from tests.support.tiny import TOKENIZER
 
-TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct" / "tokenizer"
 TOL = 1e-4
 
 

@@ -82,9 +82,12 @@ def _get(obj: Any, key: str, default: Any = ...) -> Any:
     return value
 
 
-def trainer_command(config_path: str | Path, overrides: Sequence[str] = (), python: str = sys.executable) -> list[str]:
-    """``python -m grpo_core.trainer.main_ppo --config FILE key=value ...``: what every rank runs."""
-    return [python, "-m", TRAINER_MODULE, "--config", str(config_path), *overrides]
+def trainer_command(
+    config_path: str | Path | None, overrides: Sequence[str] = (), python: str = sys.executable
+) -> list[str]:
+    """``python -m grpo_core.trainer.main_ppo [--config FILE] key=value ...``: what every rank runs."""
+    config = ["--config", str(config_path)] if config_path is not None else []
+    return [python, "-m", TRAINER_MODULE, *config, *overrides]
 
 
 @dataclass(frozen=True)

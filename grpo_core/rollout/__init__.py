@@ -6,8 +6,6 @@ import torch
 
 from grpo_core.rollout.base import Generation, RolloutEngine, SamplingSettings, to_rollout_batch
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
 
 def build_engine(cfg, shape, model_dir: str, tokenizer) -> RolloutEngine:
     """This rank's engine for ``actor_rollout_ref.rollout.name``, loaded from ``model_dir``."""
@@ -21,6 +19,7 @@ def build_engine(cfg, shape, model_dir: str, tokenizer) -> RolloutEngine:
             model_dir, tokenizer, dtype=r.dtype, device=where, max_batch_size=r.max_num_seqs, trust_remote_code=trust
         )
     if r.name == "vllm":
+        from grpo_core.rollout.hf import DTYPES
         from grpo_core.rollout.vllm import VLLMEngine
 
         max_model_len = cfg.data.max_prompt_length + cfg.data.max_response_length
@@ -29,7 +28,7 @@ def build_engine(cfg, shape, model_dir: str, tokenizer) -> RolloutEngine:
             first = int(os.environ.get("LOCAL_RANK", "0"))
             placement["device_ids"] = list(range(first, first + r.tensor_model_parallel_size))
         else:  # on a CPU, gpu_memory_utilization would be a share of host RAM: size the KV cache instead
-            kv_per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * DTYPE_BYTES[r.dtype]
+            kv_per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * DTYPES[r.dtype].itemsize
             placement["kv_cache_memory_bytes"] = kv_per_token * max_model_len * r.max_num_seqs + (64 << 20)
         return VLLMEngine(
             model_dir,

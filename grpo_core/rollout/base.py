@@ -60,6 +60,11 @@ class Generation:
     finish_reasons: list[str]  # [P*n] "stop" (EOS ended it) or "length" (max_new_tokens did)
     group_index: list[int]  # [P*n] the prompt each row answers
 
+    @classmethod
+    def empty(cls, prompt_ids: list[list[int]] | None = None) -> "Generation":
+        """No samples yet (for ``prompt_ids``): engines and gathers append to it."""
+        return cls([list(p) for p in prompt_ids or []], [], [], [], [])
+
     def __post_init__(self) -> None:
         rows = len(self.response_ids)
         if not len(self.response_log_probs) == len(self.finish_reasons) == len(self.group_index) == rows:

@@ -159,13 +159,7 @@ class HFEngine:
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("every prompt needs at least one token")
         per_chunk = max(1, self.max_batch_size // settings.n)
-        gen = Generation(
-            prompt_ids=[list(p) for p in prompt_ids],
-            response_ids=[],
-            response_log_probs=[],
-            finish_reasons=[],
-            group_index=[],
-        )
+        gen = Generation.empty(prompt_ids)
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices, enabled=settings.seed is not None):
             if settings.seed is not None:

@@ -209,13 +209,7 @@ class VLLMEngine:
             self._sampling_params(settings, copies),
             use_tqdm=False,
         )
-        gen = Generation(
-            prompt_ids=[list(p) for p in prompt_ids],
-            response_ids=[],
-            response_log_probs=[],
-            finish_reasons=[],
-            group_index=[],
-        )
+        gen = Generation.empty(prompt_ids)
         for group, output in enumerate(outputs):
             for sample in sorted(output.outputs, key=lambda s: s.index):
                 if sample.finish_reason not in ("stop", "length"):

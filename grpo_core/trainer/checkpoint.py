@@ -79,6 +79,11 @@ class CheckpointManager:
         self.save_freq = save_freq
         self.keep = keep
 
+    @classmethod
+    def for_run(cls, trainer_cfg) -> "CheckpointManager":
+        """The checkpoints of a run: ``trainer.default_local_dir/checkpoints``, every ``save_freq`` steps."""
+        return cls(Path(trainer_cfg.default_local_dir) / "checkpoints", trainer_cfg.save_freq)
+
     def should_save(self, step: int, last_step: bool) -> bool:
         return last_step or (self.save_freq > 0 and step % self.save_freq == 0)
 

@@ -11,7 +11,6 @@ import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -75,7 +74,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
     engine = build_engine(cfg, shape, str(model_dir), tokenizer) if rank % rollout_tp == 0 else None
 
     try:
-        checkpoints = CheckpointManager(Path(cfg.trainer.default_local_dir) / "checkpoints", cfg.trainer.save_freq)
+        checkpoints = CheckpointManager.for_run(cfg.trainer)
         start_step = 0
         resume_from = checkpoints.resolve_resume(cfg.trainer.resume_mode)
         if resume_from is not None:
@@ -198,7 +197,7 @@ def _gather_generations(local: Generation | None) -> Generation:
     """Concatenate the replicas' generations in rank order, renumbering their prompt groups."""
     parts: list[Generation | None] = [None] * dist.get_world_size()
     dist.all_gather_object(parts, local)
-    merged = Generation([], [], [], [], [])
+    merged = Generation.empty()
     for part in parts:
         if part is None:
             continue

@@ -27,8 +27,8 @@ from grpo_core.models.shape import ModelShape, load_model_shape
 from grpo_core.planning.layout import ParallelLayout
 from grpo_core.rollout import Generation, to_rollout_batch
 from tests.dist.actor_worker import synthetic_batch
+from tests.support.tiny import TOKENIZER, tiny_llama
 
-TOKENIZER = Path(__file__).resolve().parents[3] / "shared" / "models" / "smollm2-135m-instruct" / "tokenizer"
 PROMPTS = ["What is 2 + 2?", "Name a colour.", "Natalia sold clips to 48 of her friends in April, how many?"]
 # Fixed responses for the log-prob probes, one per prompt, of different lengths (right padding).
 PROBE_RESPONSES = [[47, 47, 2], [19484, 6603, 100, 200], [300, 47, 31825, 12947, 5, 2]]
@@ -41,23 +41,9 @@ def build_tiny_llama(path: Path, stop_token: bool = False) -> None:
     ``stop_token`` its generation config also stops at prompt 0's first greedy token, so greedy and
     sampled runs end both by EOS ("stop") and by length.
     """
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    model = tiny_llama(seed=0, hidden=128).to(torch.float32)
     with torch.no_grad():
         model.model.norm.weight.mul_(10.0)
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)

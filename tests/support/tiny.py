@@ -11,10 +11,10 @@ TOKENIZER = Path(__file__).resolve().parents[3] / "shared" / "models" / "smollm2
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
-def tiny_model_dir(
-    out: Path, seed: int = 0, hidden: int = 64, layers: int = 2, tied: bool = True, init_range: float = 0.02
-) -> Path:
-    """``init_range`` above the usual 0.02 gives a peaked (low-entropy) random policy, which GRPO can
+def tiny_llama(seed: int = 0, hidden: int = 64, layers: int = 2, tied: bool = True, init_range: float = 0.02):
+    """A random Llama with the SmolLM2 vocabulary (49152), 4 heads / 2 KV heads.
+
+    ``init_range`` above the usual 0.02 gives a peaked (low-entropy) random policy, which GRPO can
     sharpen in a few steps; at 0.02 the policy is uniform over 49k tokens and learns far slower."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -34,7 +34,12 @@ def tiny_model_dir(
         pad_token_id=2,
         initializer_range=init_range,
     )
-    LlamaForCausalLM(config).save_pretrained(out)
+    return LlamaForCausalLM(config).eval()
+
+
+def tiny_model_dir(out: Path, **kwargs) -> Path:
+    """``tiny_llama(**kwargs)`` saved with the SmolLM2 tokenizer files: a loadable model directory."""
+    tiny_llama(**kwargs).save_pretrained(out)
     for name in TOKENIZER_FILES:
         if (TOKENIZER / name).is_file():
             shutil.copy2(TOKENIZER / name, out / name)
