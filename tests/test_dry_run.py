@@ -31,6 +31,9 @@ GUIDE_COMMANDS = [
     f"--config {REPO}/configs/demo_cpu.yaml --dry-run",
     f"--config {BASE} actor_rollout_ref.model.path=meta-llama/Llama-3.1-8B trainer.nnodes=2 "
     f"{MEGA}tensor_model_parallel_size=4 --dry-run",
+    f"--config {BASE} trainer.nnodes=2 launch.launcher=slurm launch.slurm_options=[--partition=gpu] --dry-run",
+    f"--config {BASE} actor_rollout_ref.rollout.name=megatron {MEGA}pipeline_model_parallel_size=1 "
+    f"{MEGA}sequence_parallel=false --dry-run",
 ]
 
 
@@ -50,6 +53,11 @@ def test_dry_run_prints_layout_and_memory(capsys):
     assert "tensor_model_parallel_size: 2" in out  # the resolved config
 
 
+MEGATRON_ROLLOUT = [
+    "actor_rollout_ref.rollout.name=megatron",
+    f"{MEGA}pipeline_model_parallel_size=1",
+    f"{MEGA}sequence_parallel=false",
+]
 INVALID = [
     (
         [f"{MEGA}tensor_model_parallel_size=2", "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4"],
@@ -79,6 +87,20 @@ INVALID = [
     (["actor_rollout_ref.model.path=./no/such/model"], "no such model directory"),
     (["actor_rollout_ref.rollout.gpu_memory_utilization=0.05"], "cannot hold one 1536-token sequence"),
     (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "clip_ratio_c=1.0 must be > 1"),
+    (["trainer.nnodes=2", "launch.rdzv_endpoint=node0"], "launch.rdzv_endpoint='node0' is not HOST:PORT"),
+    (["launch.rdzv_endpoint=node0:99999"], "launch.rdzv_endpoint='node0:99999' is not HOST:PORT"),
+    (["trainer.nnodes=2", "launch.rdzv_endpoint=n0:29500", "launch.node_rank=2"], "launch.node_rank=2 must be in [0, "),
+    (["launch.node_rank=-1"], "launch.node_rank=-1 must be in [0, trainer.nnodes=1)"),
+    (["launch.launcher=mpirun"], "launch.launcher='mpirun' is not valid; valid: ['torchrun', 'slurm']"),
+    (["launch.stuck_timeout_s=0"], "launch.stuck_timeout_s=0.0 must be > 0"),
+    ([MEGATRON_ROLLOUT[0]], "rollout.name=megatron generates with the actor's model: it needs PP=1"),
+    (MEGATRON_ROLLOUT[:2], f"set {MEGA}sequence_parallel=false"),
+    ([*MEGATRON_ROLLOUT, "actor_rollout_ref.rollout.tensor_model_parallel_size=1"], "rollout TP=1 must be the actor's"),
+    ([*MEGATRON_ROLLOUT, f"{MEGA}context_parallel_size=2"], "it needs context parallel size 1, not 2"),
+    (
+        [*MEGATRON_ROLLOUT, "actor_rollout_ref.rollout.top_k=20", "actor_rollout_ref.rollout.top_p=0.9"],
+        "rollout.name=megatron samples with top_k or top_p, not both",
+    ),
 ]
 
 
@@ -108,6 +130,15 @@ def test_a_process_exits_2_without_a_traceback(tmp_path):
         )
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+
+
+def test_multi_node_torchrun_without_a_rendezvous_warns_in_a_dry_run_and_is_refused_by_train(capsys):
+    message = "trainer.nnodes=2 with launch.launcher=torchrun needs launch.rdzv_endpoint=HOST:PORT"
+    assert main(["train", "--config", BASE, "trainer.nnodes=2", "--dry-run"]) == 0
+    assert message in capsys.readouterr().out
+    assert main(["train", "--config", BASE, "trainer.nnodes=2"]) == 2  # before it looks for the data
+    err = capsys.readouterr().err
+    assert f"error: {message}" in err and "Traceback" not in err
 
 
 def test_warnings_do_not_fail(capsys):

@@ -1,6 +1,7 @@
 """grpo_core.launch.torchrun: the torchrun command line, and real runs of tests/dist/allreduce_worker.py
 (gloo on CPU) on one node and on two simulated nodes (two torchrun agents on this host, c10d rendezvous on
-127.0.0.1), including a failing rank, a killed rank and a hanging rank."""
+127.0.0.1), including a failing rank, a killed rank and a hanging rank; then ``run_training`` with the real
+trainer (a tiny model, 2 steps) on two simulated nodes, completing and with one node's rank killed."""
 
 import json
 import os
@@ -13,10 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from grpo_core.config import load_config
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.launch import JobShape, LaunchError, trainer_command
+from grpo_core.launch import JobShape, LaunchError, run_training, trainer_command
 from grpo_core.launch.common import first_failure, parse_root_causes
 from grpo_core.launch.torchrun import NodeLogs, launch, run_node, torchrun_argv
+from tests.support.tiny import TOKENIZER, capitals_data, tiny_model_dir
+from tests.test_train import base_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = str(REPO / "tests" / "dist" / "allreduce_worker.py")
@@ -249,3 +253,135 @@ def test_the_overall_timeout_kills_a_job_that_keeps_printing(tmp_path):
     assert caught.value.kind == "timeout"
     assert time.monotonic() - start < 15 + FAILURE_BOUND_S / 2
     assert not any(alive(int(p.read_text())) for p in out.glob("pid-rank*"))
+
+
+# --- the real trainer (run_training) on two simulated nodes ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_inputs(tmp_path_factory) -> tuple[Path, Path]:
+    """(tiny model directory, capitals data directory), absolute tmp paths."""
+    if not TOKENIZER.is_dir():
+        pytest.skip(f"{TOKENIZER} (the shared SmolLM2 tokenizer) is not present")
+    root = tmp_path_factory.mktemp("tiny")
+    return tiny_model_dir(root / "model"), capitals_data(root / "data")
+
+
+def small_steps(tiny_inputs: tuple[Path, Path], steps: int) -> list[str]:
+    """test_train's tiny run with half the prompts and responses per step: 4 x 4, 8 per rank on 2 nodes."""
+    return [
+        *base_overrides(*tiny_inputs, steps),
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.n=4",
+    ]
+
+
+def node_overrides(run_dir: Path, tiny_inputs: tuple[Path, Path], steps: int, port: int, node_rank: int) -> list[str]:
+    return [
+        *small_steps(tiny_inputs, steps),
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.nnodes=2",
+        f"launch.node_rank={node_rank}",
+        f"launch.rdzv_endpoint=127.0.0.1:{port}",
+        f"launch.rdzv_id={run_dir.name}",
+        "launch.stuck_timeout_s=90",
+        "launch.timeout_s=300",
+    ]
+
+
+def train_two_nodes(run_dir: Path, tiny_inputs: tuple[Path, Path], steps: int, marker: str) -> list[object]:
+    """``run_training`` for node 0 and node 1, each in its own thread: [log dir or LaunchError] per node. Every
+    process a node starts carries ``GRPO_TEST_NODE=<marker>-<node>`` in its environment."""
+    port, outcome = free_port(), [None, None]
+
+    def node(rank: int) -> None:
+        overrides = node_overrides(run_dir, tiny_inputs, steps, port, rank)
+        env = {"OMP_NUM_THREADS": "1", "GRPO_TEST_NODE": f"{marker}-{rank}"}
+        try:
+            outcome[rank] = run_training(load_config(None, overrides), None, overrides, extra_env=env)
+        except LaunchError as e:
+            outcome[rank] = e
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcome
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Live processes whose environment holds ``GRPO_TEST_NODE`` starting with ``marker``."""
+    prefix = f"GRPO_TEST_NODE={marker}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            environ = (entry / "environ").read_bytes() if entry.name.isdigit() else b""
+        except OSError:
+            continue
+        if any(var.startswith(prefix) for var in environ.split(b"\0")) and alive(int(entry.name)):
+            pids.append(int(entry.name))
+    return pids
+
+
+def rank_pid(marker: str) -> int | None:
+    """The trainer rank among the marked processes: torchrun set LOCAL_RANK for it, but not for its parent
+    (the agent); its own children (a checkpoint writer, say) have a parent with LOCAL_RANK."""
+
+    def is_rank(pid: int) -> bool:
+        try:
+            return b"LOCAL_RANK" in {v.split(b"=")[0] for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")}
+        except OSError:
+            return False
+
+    for pid in marked_pids(marker):
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        if is_rank(pid) and not is_rank(ppid):
+            return pid
+    return None
+
+
+def test_two_node_training_completes_with_metrics_and_a_checkpoint(tmp_path, tiny_inputs):
+    run_dir = tmp_path / "run"
+    start = time.monotonic()
+    outcome = train_two_nodes(run_dir, tiny_inputs, steps=2, marker=run_dir.name + "ok")
+    print(f"2-node tiny training (2 steps): {time.monotonic() - start:.1f} s")
+    assert outcome == [run_dir / "launch", run_dir / "launch"], outcome
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in rows] == [1, 2]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000002"
+    logs = [(run_dir / "launch" / f"node{node}.log").read_text() for node in (0, 1)]
+    assert any("step 2:" in text for text in logs)  # rank 0's per-step line, on whichever node c10d put it
+    assert not marked_pids(run_dir.name + "ok")
+
+
+def test_two_node_training_with_a_killed_rank_fails_within_the_bound(tmp_path, tiny_inputs):
+    run_dir, marker = tmp_path / "run", f"{tmp_path.name}-kill"
+    killed_at: list[float] = []
+
+    def kill_node_1_rank_after_step_1() -> None:
+        metrics_file = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (metrics_file.exists() and metrics_file.read_text().strip()):
+            time.sleep(0.2)
+        if (pid := rank_pid(f"{marker}-1")) is not None:
+            os.kill(pid, signal.SIGKILL)
+            killed_at.append(time.monotonic())
+
+    killer = threading.Thread(target=kill_node_1_rank_after_step_1, daemon=True)
+    killer.start()
+    errors = train_two_nodes(run_dir, tiny_inputs, steps=20, marker=marker)
+    done = time.monotonic()
+    killer.join()
+    assert killed_at, "the rank on node 1 was not found"
+    print(f"2-node tiny training, node 1's rank killed after step 1: both failed {done - killed_at[0]:.1f} s later")
+    assert all(isinstance(e, LaunchError) for e in errors), errors
+    print("\n".join(map(str, errors)))
+    assert done - killed_at[0] < FAILURE_BOUND_S
+    assert str(errors[1]).startswith("node 1: rank ") and "was killed by SIGKILL (exit code -9)" in str(errors[1])
+    assert "\n" not in str(errors[1]) and errors[1].log_tail
+    assert str(errors[0]).startswith("node 0: ")
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) < 20  # it did stop mid-run
+    assert not marked_pids(marker)

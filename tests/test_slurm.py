@@ -1,7 +1,7 @@
 """grpo_core.launch.slurm: the batch script (pure), and real jobs on a two-node Slurm cluster that
 tests/slurm/start_cluster.sh starts on this machine (installing Slurm with apt-get if it is missing and we
 are root): a 2-node sbatch + srun + torchrun job of tests/dist/allreduce_worker.py, a failing one and a
-cancelled one."""
+cancelled one; and the real trainer (a tiny model, 2 steps) on 2 nodes through ``run_training``."""
 
 import json
 import os
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.launch import JobShape, LaunchError, trainer_command
+from grpo_core.config import load_config
+from grpo_core.launch import JobShape, LaunchError, run_training, trainer_command
 from grpo_core.launch.slurm import (
     JobStatus,
     cancel,
@@ -24,6 +25,8 @@ from grpo_core.launch.slurm import (
     sbatch_script,
     submit,
 )
+from tests.support.tiny import TOKENIZER, capitals_data, tiny_model_dir
+from tests.test_launch import small_steps
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = str(REPO / "tests" / "dist" / "allreduce_worker.py")
@@ -162,3 +165,32 @@ def test_a_hanging_job_is_cancelled_by_the_stuck_guard(slurm_cluster, tmp_path):
     print(f"hanging Slurm job cancelled after {time.monotonic() - start:.1f} s: {caught.value}")
     assert caught.value.kind == "stuck" and "cancelled it" in str(caught.value)
     assert time.monotonic() - start < 90
+
+
+def test_two_node_training_through_run_training(slurm_cluster, tmp_path):
+    """The real trainer as a Slurm job: every path absolute, as the job starts in this process's directory."""
+    if not TOKENIZER.is_dir():
+        pytest.skip(f"{TOKENIZER} (the shared SmolLM2 tokenizer) is not present")
+    inputs = tiny_model_dir(tmp_path / "model"), capitals_data(tmp_path / "data")
+    run_dir = tmp_path / "run"
+    overrides = [
+        *small_steps(inputs, 2),
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.nnodes=2",
+        "launch.launcher=slurm",
+        f"launch.rdzv_endpoint=127.0.0.1:{free_port()}",  # Slurm uses its port only
+        "launch.timeout_s=300",
+        "launch.slurm_time_limit_min=10",
+        "launch.slurm_options=[--comment=grpo-test]",
+    ]
+    start = time.monotonic()
+    log_dir = run_training(load_config(None, overrides), None, overrides, extra_env={"OMP_NUM_THREADS": "1"})
+    print(f"2-node tiny training as a Slurm job: {time.monotonic() - start:.1f} s")
+    assert log_dir == run_dir / "launch"
+    assert "#SBATCH --comment=grpo-test" in (log_dir / "job.sbatch").read_text()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in rows] == [1, 2]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000002"
+    (job_log,) = log_dir.glob("slurm-*.log")
+    text = job_log.read_text()
+    assert "0: [default0]:" in text and "1: [default0]:" in text  # a rank on each node

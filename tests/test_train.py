@@ -79,7 +79,8 @@ def test_grpo_learns_the_capitals_task(tmp_path, capitals):
 
 def test_tp2_run_resumes_from_its_checkpoint(tmp_path, capitals):
     """Two processes at TP=2 (an HF engine on each rank, fed the gathered weights), a checkpoint per
-    step; a second invocation with more steps resumes after the last one instead of starting over."""
+    step; a second invocation with more steps resumes after the last one instead of starting over.
+    The first run also carries the diagnostics: TensorBoard, a profiled step 2, GPU sampling."""
     model = tiny_model_dir(tmp_path / "model")
     run = tmp_path / "run"
     common = [
@@ -87,9 +88,12 @@ def test_tp2_run_resumes_from_its_checkpoint(tmp_path, capitals):
         "trainer.n_gpus_per_node=2",
         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
         "trainer.save_freq=1",
+        "trainer.logger=[console,tensorboard]",
+        "trainer.profile_steps=[2]",
     ]
     first = grpo_train(run, *common)
     assert first.returncode == 0, first.stderr[-4000:]
+    check_diagnostics(run, first.stderr)
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000002"
     second = grpo_train(run, *common, "trainer.total_training_steps=3")
     assert second.returncode == 0, second.stderr[-4000:]
@@ -99,6 +103,24 @@ def test_tp2_run_resumes_from_its_checkpoint(tmp_path, capitals):
     for m in metrics(run):
         assert m["rollout/log_prob_diff_max"] < 1e-3, m  # both ranks' engines follow the TP-sharded actor
         assert m["timing/update"] > 0 and m["perf/throughput"] > 0
+
+
+def check_diagnostics(run: Path, stderr: str) -> None:
+    """GPU use reported once as absent, collectives' share of the profiled step 2, TensorBoard's tags."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert stderr.count("no GPU") == 1, stderr[-4000:]
+    rows = metrics(run)
+    assert not any(k.startswith("gpu/") for row in rows for k in row)
+    assert "profile/comm_share" not in rows[0]
+    profiled = rows[1]
+    assert 0 < profiled["profile/comm_share_update"] < 1, profiled  # TP=2 all-reduces on gloo
+    assert 0 < profiled["profile/comm_share"] < 1
+    assert (run / "profile" / "step_000002.json.gz").is_file()
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {k for row in rows for k in row if k != "step"}
+    assert [e.step for e in events.Scalars("profile/comm_share")] == [2]
 
 
 def test_vllm_engine_trains_and_validates(tmp_path, capitals):
@@ -122,12 +144,55 @@ def test_vllm_engine_trains_and_validates(tmp_path, capitals):
         assert m["rollout/log_prob_diff_max"] < 1e-3, m  # vLLM's log-probs are the synced actor's
 
 
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
+def test_megatron_engine_trains_and_validates(tmp_path, capitals, tp):
+    """rollout.name=megatron generates with the actor's own model (megatron's static inference path, on
+    every rank at TP=2), so there are no weights to sync and its log-probs are the actor's at every step."""
+    model = tiny_model_dir(tmp_path / "model")
+    run = tmp_path / "run"
+    result = grpo_train(
+        run,
+        *base_overrides(model, capitals, 2),
+        f"trainer.n_gpus_per_node={tp}",
+        f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
+        "actor_rollout_ref.rollout.name=megatron",
+        "actor_rollout_ref.rollout.max_num_seqs=64",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        "trainer.test_freq=2",
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = metrics(run)
+    assert [m["step"] for m in rows] == [1, 2]
+    assert "val/accuracy" in rows[1]
+    for m in rows:
+        assert m["rollout/log_prob_diff_max"] < 1e-3, m
+        assert m["response/length_mean"] > 0 and m["timing/sync"] < 0.1, m  # no weights to gather
+
+
 def test_missing_data_is_one_line_and_exit_2(tmp_path, capitals):
     model = tiny_model_dir(tmp_path / "model")
     result = grpo_train(tmp_path / "run", *base_overrides(model, capitals, 1), "data.train_files=[/no/such.parquet]")
     assert result.returncode == 2
     assert "data file(s) /no/such.parquet do not exist" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_missing_transformer_engine_is_one_line_and_exit_1(tmp_path, capitals):
+    """A valid config this environment cannot run: one line naming the package and the setting, before launch."""
+    from grpo_core.diagnostics.advice import installed
+
+    if installed("transformer_engine") or installed("apex"):
+        pytest.skip("Transformer Engine or Apex is installed here")
+    model = tiny_model_dir(tmp_path / "model")
+    fusion = "actor_rollout_ref.actor.megatron.override_transformer_config.bias_dropout_fusion"
+    result = grpo_train(tmp_path / "run", *base_overrides(model, capitals, 1), f"+{fusion}=true")
+    assert result.returncode == 1, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr[-2000:]
+    assert errors[0].startswith(f"error: Transformer Engine is not installed; {fusion}=True needs it: pip install")
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "launch").exists()  # no rank was started
 
 
 def test_unreadable_checkpoint_is_one_line_and_exit_2(tmp_path, capitals):

@@ -28,6 +28,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 @dataclass
 class DataConfig:
+    source: str = setting("openai/gsm8k", "what the pipeline prepares: GSM8K hub id, local directory or 'embedded'")
     train_files: list[str] = setting(["data/gsm8k/train.parquet"], "prepared training parquet file(s)")
     val_files: list[str] = setting(["data/gsm8k/test.parquet"], "prepared validation parquet file(s)")
     prompt_key: str = setting("prompt", "column holding the chat messages of the prompt")
@@ -150,7 +151,9 @@ class RolloutConfig:
     tensor_model_parallel_size: int = setting(1, "TP of the rollout engine (may differ from the actor's)")
     gpu_memory_utilization: float = setting(0.5, "share of GPU memory the engine may take (weights + KV)")
     max_num_batched_tokens: int = setting(8192, "engine's token budget per scheduler step")
-    max_num_seqs: int = setting(256, "engine's most concurrent sequences")
+    max_num_seqs: int = setting(
+        256, "engine's most concurrent sequences (megatron: rows per forward, sizing its preallocated KV cache)"
+    )
     enforce_eager: bool = setting(False, "disable CUDA graphs in the engine")
     free_cache_engine: bool = setting(True, "release the KV cache during the update (sleep/wake)")
     log_prob_micro_batch_size_per_gpu: int | None = setting(None, "responses per old-log-prob forward")
@@ -207,10 +210,48 @@ class TrainerConfig:
     val_before_train: bool = setting(False, "validate the initial model first")
     default_local_dir: str = setting("checkpoints", "where checkpoints and local logs go")
     resume_mode: str = setting("auto", "auto (latest checkpoint), disable, or a checkpoint path")
+    profile_steps: list[int] = setting(
+        [], "steps (as logged, from 1) run under torch.profiler: trace in <default_local_dir>/profile/, comm share"
+    )
     env: dict[str, str] = setting(
         {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_P2P_LEVEL": "NVL", "NCCL_DEBUG": "WARN"},
         "environment exported to every training process",
     )
+
+
+@dataclass
+class LaunchConfig:
+    launcher: str = setting("torchrun", "how the ranks are started", ("torchrun", "slurm"))
+    node_rank: int = setting(0, "this node's rank when trainer.nnodes > 1 (torchrun)")
+    rdzv_endpoint: str | None = setting(None, "HOST:PORT of the c10d rendezvous on node 0 (torchrun, nnodes > 1)")
+    rdzv_id: str = setting("grpo", "rendezvous id shared by the nodes of one job (torchrun)")
+    stuck_timeout_s: float | None = setting(1800.0, "fail the job when no rank logs anything for this long")
+    timeout_s: float | None = setting(None, "fail the job after this long (null: no limit)")
+    slurm_time_limit_min: int = setting(240, "Slurm job time limit, minutes")
+    slurm_options: list[str] = setting([], "extra sbatch options, e.g. ['--partition=gpu', '--account=rl']")
+
+
+@dataclass
+class EvaluationConfig:
+    data_file: str | None = setting(None, "parquet the pipeline evaluates on (null: data.val_files[0])")
+    n: int = setting(1, "samples per question")
+    temperature: float = setting(0.0, "0 is greedy (pass@1)")
+    max_new_tokens: int = setting(512, "most tokens per answer")
+    batch_size: int = setting(32, "sequences generated at once")
+    limit: int | None = setting(None, "only the first N questions (null: all)")
+    metric: str = setting(
+        "accuracy_strict", "reported as val/accuracy and used for the uplift", ("accuracy_strict", "accuracy_flexible")
+    )
+
+
+@dataclass
+class TrackingConfig:
+    mlflow_tracking_uri: str | None = setting(
+        None, "MLflow tracking URI, e.g. http://HOST:5000 (null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)"
+    )
+    registered_model_name: str | None = setting(None, "MLflow registry name (null: trainer.project_name)")
+    champion_min_uplift: float = setting(0.0, "alias the new model version `champion` only above this uplift")
+    log_model: bool = setting(True, "log the trained model as an artifact and register it")
 
 
 @dataclass
@@ -220,6 +261,9 @@ class GRPOConfig:
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantage and KL settings")
     reward_model: RewardModelConfig = section(RewardModelConfig, "rule-based reward")
     trainer: TrainerConfig = section(TrainerConfig, "run length, logging, checkpoints, cluster shape")
+    launch: LaunchConfig = section(LaunchConfig, "how the ranks are started: torchrun or Slurm")
+    evaluation: EvaluationConfig = section(EvaluationConfig, "the pipeline's GSM8K evaluation before and after")
+    tracking: TrackingConfig = section(TrackingConfig, "MLflow and its model registry")
 
 
 FREE_FORM_KEYS = ("override_transformer_config", "env")

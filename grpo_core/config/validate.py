@@ -8,6 +8,7 @@ start on the same rules.
 import dataclasses
 import difflib
 import importlib.util
+import re
 import warnings
 from dataclasses import dataclass, field
 from functools import cache
@@ -165,6 +166,8 @@ def _check_batches(cfg: GRPOConfig, layout: ParallelLayout, r: Report) -> None:
     ]:
         if value == 0 or value < -1:
             r.errors.append(f"{key}={value} must be -1 (off) or >= 1")
+    if bad_steps := [s for s in cfg.trainer.profile_steps if s < 1]:
+        r.errors.append(f"trainer.profile_steps={cfg.trainer.profile_steps}: steps count from 1, not {bad_steps}")
     if d.train_batch_size % actor.ppo_mini_batch_size:
         r.errors.append(
             f"data.train_batch_size={d.train_batch_size} is not a multiple of "
@@ -211,7 +214,7 @@ def _check_layout(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
     if rollout.name == "hf" and rtp != 1:
         r.errors.append(f"rollout.name=hf generates on one device per rank: rollout TP must be 1, not {rtp}")
     if rollout.name == "megatron":
-        r.errors.append("rollout.name=megatron is not available in this build; use vllm or hf")
+        _check_megatron_rollout(cfg, layout, r)
     needs_ordering = cfg.trainer.device == "cuda" and (layout.tp > 1 or layout.cp > 1)
     if needs_ordering and cfg.trainer.env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":
         r.warnings.append(
@@ -226,24 +229,43 @@ def _check_layout(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
         )
 
 
-def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r: Report) -> None:
-    arr = cfg.actor_rollout_ref
-    rollout, actor, gpu = arr.rollout, arr.actor, cfg.trainer.gpu_memory_gib
-    if not 0 < rollout.gpu_memory_utilization <= 1:
-        r.errors.append(f"rollout.gpu_memory_utilization={rollout.gpu_memory_utilization} must be in (0, 1]")
-        return
-    seq_len = cfg.data.max_prompt_length + cfg.data.max_response_length
-    micro = actor.ppo_micro_batch_size_per_gpu
+def _check_megatron_rollout(cfg: GRPOConfig, layout: ParallelLayout, r: Report) -> None:
+    """The megatron engine generates with the actor's own model through megatron's static inference path."""
+    rollout, m = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor.megatron
+    name = "rollout.name=megatron generates with the actor's model"
+    if rollout.tensor_model_parallel_size != layout.tp:
+        r.errors.append(f"{name}: rollout TP={rollout.tensor_model_parallel_size} must be the actor's TP={layout.tp}")
+    if layout.pp != 1 or layout.vpp is not None:
+        r.errors.append(f"{name}: it needs PP=1 without virtual stages, not PP={layout.pp} VPP={layout.vpp}")
+    if layout.cp != 1:
+        r.errors.append(f"{name}: it needs context parallel size 1, not {layout.cp}")
+    if m.sequence_parallel and layout.tp > 1:
+        r.errors.append(f"{name}: set actor_rollout_ref.actor.megatron.sequence_parallel=false (static inference)")
+    if rollout.top_k != -1 and rollout.top_p < 1:
+        r.errors.append("rollout.name=megatron samples with top_k or top_p, not both: set top_k=-1 or top_p=1.0")
+    if rollout.dtype != m.dtype:
+        r.warnings.append(f"rollout.dtype={rollout.dtype} is ignored: the megatron engine uses the actor's {m.dtype}")
+
+
+def update_micro_batch(cfg: GRPOConfig) -> int:
+    """Responses per update forward/backward: the setting, or what the token budget holds with dynamic batches."""
+    actor = cfg.actor_rollout_ref.actor
     if actor.use_dynamic_bsz:
-        micro = max(actor.ppo_max_token_len_per_gpu // seq_len, 1)
-    opts = memory_options(cfg)
-    r.memory = est = estimate_grpo_memory(
+        return max(actor.ppo_max_token_len_per_gpu // (cfg.data.max_prompt_length + cfg.data.max_response_length), 1)
+    return actor.ppo_micro_batch_size_per_gpu
+
+
+def estimate_memory(cfg: GRPOConfig, shape: ModelShape) -> MemoryEstimate:
+    """Per-GPU GiB by phase for this config: what the dry run checks and an out-of-memory error quotes."""
+    arr = cfg.actor_rollout_ref
+    rollout, actor = arr.rollout, arr.actor
+    return estimate_grpo_memory(
         shape,
-        layout,
-        opts,
-        micro,
-        seq_len,
-        gpu,
+        actor_layout(cfg),
+        memory_options(cfg),
+        update_micro_batch(cfg),
+        cfg.data.max_prompt_length + cfg.data.max_response_length,
+        cfg.trainer.gpu_memory_gib,
         with_reference=actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,
         ref_offload=arr.ref.megatron.param_offload,
         rollout_tp=rollout.tensor_model_parallel_size,
@@ -252,6 +274,16 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
         free_cache_engine=rollout.free_cache_engine,
         log_prob_micro_batch=rollout.log_prob_micro_batch_size_per_gpu,
     )
+
+
+def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r: Report) -> None:
+    rollout, gpu = cfg.actor_rollout_ref.rollout, cfg.trainer.gpu_memory_gib
+    if not 0 < rollout.gpu_memory_utilization <= 1:
+        r.errors.append(f"rollout.gpu_memory_utilization={rollout.gpu_memory_utilization} must be in (0, 1]")
+        return
+    seq_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+    micro, opts = update_micro_batch(cfg), memory_options(cfg)
+    r.memory = est = estimate_memory(cfg, shape)
     if cfg.trainer.device != "cuda":
         return
     if est.kv_sequences < 1:
@@ -321,6 +353,38 @@ def _check_paths(cfg: GRPOConfig, r: Report) -> None:
         r.errors.append(f"trainer.resume_mode={mode!r}: not 'auto', 'disable' or an existing checkpoint path")
 
 
+ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})")
+"""HOST:PORT, the host a name, an IPv4 address or a bracketed IPv6 address."""
+
+
+def missing_rendezvous(cfg: GRPOConfig) -> str | None:
+    """Why this config cannot start a multi-node torchrun job here, or None. A dry run only warns about it (a
+    config file or `grpo plan` describes the cluster, not the address of its node 0); `grpo train` refuses."""
+    nnodes = cfg.trainer.nnodes
+    if nnodes > 1 and cfg.launch.launcher == "torchrun" and cfg.launch.rdzv_endpoint is None:
+        return (
+            f"trainer.nnodes={nnodes} with launch.launcher=torchrun needs launch.rdzv_endpoint=HOST:PORT (an address "
+            "of node 0 that every node reaches) and launch.node_rank on each node; or use launch.launcher=slurm"
+        )
+    return None
+
+
+def _check_launch(cfg: GRPOConfig, r: Report) -> None:
+    """How the ranks are started: the rendezvous address and this node's rank."""
+    launch, nnodes = cfg.launch, cfg.trainer.nnodes
+    endpoint = launch.rdzv_endpoint
+    if endpoint is not None and not ((m := ENDPOINT.fullmatch(endpoint)) and 0 < int(m.group(2)) < 65536):
+        r.errors.append(f"launch.rdzv_endpoint={endpoint!r} is not HOST:PORT (e.g. 10.0.0.1:29500)")
+    if problem := missing_rendezvous(cfg):
+        r.warnings.append(problem)
+    if nnodes >= 1 and not 0 <= launch.node_rank < nnodes:
+        r.errors.append(f"launch.node_rank={launch.node_rank} must be in [0, trainer.nnodes={nnodes})")
+    for key in ("stuck_timeout_s", "timeout_s"):
+        value = getattr(launch, key)
+        if value is not None and value <= 0:
+            r.errors.append(f"launch.{key}={value} must be > 0 (or null: no limit)")
+
+
 def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
     """Every problem with ``cfg``; shape-dependent checks are skipped when the model could not be read."""
     r = Report()
@@ -328,6 +392,7 @@ def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
     _check_algorithm(cfg, r)
     _check_paths(cfg, r)
     _check_transformer_overrides(cfg, r)
+    _check_launch(cfg, r)
     layout = actor_layout(cfg)
     _check_batches(cfg, layout, r)
     if shape is not None and cfg.trainer.nnodes >= 1 and cfg.trainer.n_gpus_per_node >= 1:

@@ -216,6 +216,21 @@ def _reusable(out_dir: Path, input_hash: str) -> dict | None:
     return manifest if intact else None
 
 
+def _input_hash(source: str, files: dict[str, list[Path]], hub: dict | None) -> str:
+    if files:
+        parts = [f"{split}:{_sha256(p)}" for split, paths in files.items() for p in paths]
+    else:
+        parts = [source, "main", *(hub[s]._fingerprint for s in SPLITS)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def input_hash(source: str, output_dir: str | Path) -> str:
+    """The hash ``prepare_gsm8k`` keys its reuse on: the input files' digests, or the hub dataset's fingerprint."""
+    with contextlib.ExitStack() as stack:
+        files = _source_files(source, Path(output_dir).expanduser(), stack)
+        return _input_hash(source, files, None if files else _load_hub(source))
+
+
 def prepare_gsm8k(source: str, output_dir: str | Path, force: bool = False, progress: bool = True) -> PrepareResult:
     """Write verl-schema GSM8K parquet files into ``output_dir``, or reuse them if the input is unchanged.
 
@@ -231,12 +246,8 @@ def prepare_gsm8k(source: str, output_dir: str | Path, force: bool = False, prog
             datasets.disable_progress_bars()
             stack.callback(datasets.enable_progress_bars)
         files = _source_files(source, out_dir, stack)
-        if files:
-            parts = [f"{split}:{_sha256(p)}" for split, paths in files.items() for p in paths]
-        else:
-            hub = _load_hub(source)
-            parts = [source, "main", *(hub[s]._fingerprint for s in SPLITS)]
-        input_hash = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+        hub = None if files else _load_hub(source)
+        input_hash = _input_hash(source, files, hub)
 
         if not force and (old := _reusable(out_dir, input_hash)) is not None:
             logger.info("gsm8k: %s is up to date (input unchanged), reusing it", out_dir)

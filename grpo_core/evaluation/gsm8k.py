@@ -34,6 +34,7 @@ class EvalResult:
     metrics: dict[str, float]
     elapsed_s: float = 0.0  # generation and grading wall time
     response_tokens: int = 0  # tokens generated in total (for throughput)
+    device: str = "cpu"
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -7,8 +7,9 @@ import torch
 from grpo_core.rollout.base import Generation, RolloutEngine, SamplingSettings, to_rollout_batch
 
 
-def build_engine(cfg, shape, model_dir: str, tokenizer) -> RolloutEngine:
-    """This rank's engine for ``actor_rollout_ref.rollout.name``, loaded from ``model_dir``."""
+def build_engine(cfg, shape, model_dir: str, tokenizer, actor=None) -> RolloutEngine:
+    """This rank's engine for ``actor_rollout_ref.rollout.name``, loaded from ``model_dir`` (megatron: on
+    ``actor``'s own model, every rank of it)."""
     r = cfg.actor_rollout_ref.rollout
     trust = cfg.actor_rollout_ref.model.trust_remote_code
     if r.name == "hf":
@@ -43,7 +44,17 @@ def build_engine(cfg, shape, model_dir: str, tokenizer) -> RolloutEngine:
             trust_remote_code=trust,
             **placement,
         )
-    raise ValueError(f"rollout engine {r.name!r} is not available in this build; use vllm or hf")
+    if r.name == "megatron":
+        from grpo_core.rollout.hf import load_generation_config, stop_ids
+        from grpo_core.rollout.megatron import MegatronEngine
+
+        return MegatronEngine.from_actor(
+            actor,
+            stop_ids(tokenizer, load_generation_config(model_dir, trust)),
+            max_sequence_length=cfg.data.max_prompt_length + cfg.data.max_response_length,
+            max_batch_size=r.max_num_seqs,
+        )
+    raise ValueError(f"rollout engine {r.name!r} is not available; use vllm, hf or megatron")
 
 
 __all__ = ["Generation", "RolloutEngine", "SamplingSettings", "build_engine", "to_rollout_batch"]

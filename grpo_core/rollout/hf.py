@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
 from grpo_core.rollout.base import Generation, SamplingSettings
 
@@ -68,6 +68,23 @@ def _as_list(ids: int | list[int] | None) -> list[int]:
     return [ids] if isinstance(ids, int) else list(ids)
 
 
+def stop_ids(tokenizer, generation_config: GenerationConfig) -> list[int]:
+    """The tokenizer's EOS first (it pads when there is no pad token), then the checkpoint's extra stop ids."""
+    ids = list(dict.fromkeys(_as_list(tokenizer.eos_token_id) + _as_list(generation_config.eos_token_id)))
+    if not ids:
+        raise ModelLoadError("neither the tokenizer nor the model's generation config names an EOS token")
+    return ids
+
+
+def load_generation_config(path_or_id: str, trust_remote_code: bool = False) -> GenerationConfig:
+    """generation_config.json, else what transformers derives from config.json (as a loaded model has)."""
+    try:
+        return GenerationConfig.from_pretrained(path_or_id)
+    except OSError:
+        config = AutoConfig.from_pretrained(path_or_id, trust_remote_code=trust_remote_code)
+        return GenerationConfig.from_model_config(config)
+
+
 class HFEngine:
     """Implements ``RolloutEngine``. The engine owns the module: it replaces its generation_config
     (a checkpoint's defaults such as repetition_penalty would silently change the sampled
@@ -92,11 +109,7 @@ class HFEngine:
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
-        # The tokenizer's EOS first (it pads when there is no pad token), then the checkpoint's extra stop ids.
-        eos = _as_list(tokenizer.eos_token_id) + _as_list(model.generation_config.eos_token_id)
-        self.eos_ids = list(dict.fromkeys(eos))
-        if not self.eos_ids:
-            raise ModelLoadError("neither the tokenizer nor the model's generation config names an EOS token")
+        self.eos_ids = stop_ids(tokenizer, model.generation_config)
         pad = tokenizer.pad_token_id
         self.pad_id = self.eos_ids[0] if pad is None else pad
         self.model.generation_config = GenerationConfig(eos_token_id=self.eos_ids, pad_token_id=self.pad_id)

@@ -1,5 +1,7 @@
 """Where a run's numbers go: the terminal (progress bar + one line per step), a local JSON-lines file that
-is always written, and MLflow when ``trainer.logger`` names it. Only rank 0 has an enabled tracker."""
+is always written, MLflow when ``trainer.logger`` names it or a pipeline passes its run, and TensorBoard
+event files (same metric names) under ``<default_local_dir>/tensorboard/`` when it names tensorboard.
+Only rank 0 has an enabled tracker."""
 
 import json
 import logging
@@ -9,6 +11,8 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from grpo_core.tracking.mlflow_run import RUN_ID_VAR, MlflowRun, tracking_uri
 
 logger = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
@@ -31,23 +35,26 @@ class Tracker:
         self.console = Console(stderr=True)
         self.run_dir = Path(cfg.trainer.default_local_dir)
         self._mlflow = None
+        self._tensorboard = None
         self._last: dict[str, float] = {}
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._file = open(self.run_dir / METRICS_FILE, "a")  # noqa: SIM115  (closed in close())
-        if "mlflow" in self.sinks:
-            import mlflow
+        uri, pending = tracking_uri(cfg), self.run_dir / "mlflow_pending.jsonl"
+        if run_id := os.environ.get(RUN_ID_VAR):  # the pipeline's run
+            self._mlflow = MlflowRun(uri, run_id, pending_file=pending)
+        elif "mlflow" in self.sinks:
+            t = cfg.trainer
+            self._mlflow = MlflowRun.create(uri, t.project_name, t.experiment_name, pending_file=pending)
+        if "tensorboard" in self.sinks:
+            from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
-            mlflow.set_experiment(cfg.trainer.project_name)
-            nested = mlflow.active_run() is not None  # inside a pipeline's run: a child run
-            self._mlflow = mlflow.start_run(run_name=cfg.trainer.experiment_name, nested=nested)
+            self._tensorboard = SummaryWriter(str(self.run_dir / "tensorboard"))
 
     def log_params(self, params: dict) -> None:
         if self._mlflow is not None:
-            import mlflow
-
-            mlflow.log_params({k: str(v)[:6000] for k, v in params.items()})
+            self._mlflow.log_params(params)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if not self.enabled:
@@ -59,9 +66,16 @@ class Tracker:
         if "console" in self.sinks:
             self.console.print(f"step {step}: {_headline(metrics)}", markup=False, highlight=False)
         if self._mlflow is not None:
-            import mlflow
+            self._mlflow.log_metrics(metrics, step=step)
+        if self._tensorboard is not None:
+            for name, value in metrics.items():
+                self._tensorboard.add_scalar(name, value, global_step=step)
+            self._tensorboard.flush()
 
-            mlflow.log_metrics(metrics, step=step)
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """A file of the run (a profiler trace, say) into the MLflow run, when there is one."""
+        if self.enabled and self._mlflow is not None:
+            self._mlflow.log_artifact(path, artifact_path)
 
     def progress(self, steps: Iterable[int], total: int, start: int = 0) -> Iterator[int]:
         """Iterate ``steps`` under a progress bar (rank 0, a terminal) that shows the latest headline."""
@@ -86,10 +100,12 @@ class Tracker:
         if not self.enabled:
             return
         self._file.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
         if self._mlflow is not None:
-            import mlflow
-
-            mlflow.end_run()
+            if not os.environ.get(RUN_ID_VAR):
+                self._mlflow.finish()  # a pipeline's run is ended by the pipeline
+            self._mlflow.close()
 
 
 def _headline(metrics: dict) -> str:

@@ -3,13 +3,15 @@
 Read ``train`` top to bottom: set-up, then one iteration per step. Every rank holds the whole batch of
 each step (the actor slices it by data-parallel rank itself); rollout engines live on the first rank of
 each rollout-TP group and generate that replica's share of the prompts; the results are gathered so all
-ranks go on with the same rollouts. Only rank 0 logs and writes files.
+ranks go on with the same rollouts. The megatron engine is the exception: it generates with the actor's
+own model, so it lives on every rank (each runs its TP shard) and has no weights to sync. Only rank 0
+logs and writes files.
 """
 
 import json
 import logging
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +24,7 @@ from grpo_core.algos import get_adv_estimator, kl_penalty
 from grpo_core.config import GRPOConfig, to_flat_dict
 from grpo_core.config.validate import actor_layout
 from grpo_core.data.prompts import Prompt, PromptSampler, load_prompts
+from grpo_core.diagnostics import RunDiagnostics
 from grpo_core.models.bridge import gather_hf_weights
 from grpo_core.models.shape import ModelShape, model_weights_dir
 from grpo_core.rewards import get_reward_fn
@@ -71,7 +74,8 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
     actor = MegatronActor(shape, settings, hf_path=str(model_dir))
     ref = MegatronActor(shape, settings, hf_path=str(model_dir), trainable=False) if _needs_ref(cfg) else None
     rollout_tp = arr.rollout.tensor_model_parallel_size
-    engine = build_engine(cfg, shape, str(model_dir), tokenizer) if rank % rollout_tp == 0 else None
+    on_rank = rank % rollout_tp == 0 or _engine_is_the_actor(cfg)
+    engine = build_engine(cfg, shape, str(model_dir), tokenizer, actor) if on_rank else None
 
     try:
         checkpoints = CheckpointManager.for_run(cfg.trainer)
@@ -79,7 +83,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
         resume_from = checkpoints.resolve_resume(cfg.trainer.resume_mode)
         if resume_from is not None:
             start_step = checkpoints.load(resume_from, actor)["step"]
-            sync_weights(actor, engine, shape, arr.rollout.dtype)  # the engine still has the initial weights
+            sync_weights(actor, engine, shape, cfg)  # the engine still has the initial weights
         trainer_state = {
             "hf_config": json.loads((model_dir / "config.json").read_text()),
             "dtype": settings.dtype,
@@ -87,6 +91,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
         }
 
         tracker = Tracker(cfg, enabled=rank == 0)
+        diag = RunDiagnostics(cfg, shape, rank, tracker)  # GPU use, profiles, advice on errors
         tracker.log_params(to_flat_dict(cfg))
         if dropped:
             logger.warning("dropped %d training prompts longer than data.max_prompt_length", dropped)
@@ -104,18 +109,19 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
         for step in tracker.progress(range(start_step, total_steps), total=total_steps, start=start_step):
             timings: dict[str, float] = {}
             M.reset_peak_memory()
+            diag.begin_step(step + 1)
 
-            with timed(timings, "gen"):
+            with timed(timings, "gen", diag):
                 rollouts = generate(engine, sampler.batch(step), sampling, tokenizer, cfg)
                 if engine is not None and arr.rollout.free_cache_engine:
                     engine.sleep()
             batch = to_rollout_batch(rollouts.gen, tokenizer.pad_token_id)
 
-            with timed(timings, "old_log_prob"):
+            with timed(timings, "old_log_prob", diag):
                 micro = arr.rollout.log_prob_micro_batch_size_per_gpu
                 batch.old_log_probs, entropy = actor.compute_log_prob(batch, micro)
             if ref is not None:
-                with timed(timings, "ref"):
+                with timed(timings, "ref", diag):
                     batch.ref_log_probs, _ = ref.compute_log_prob(batch, arr.ref.log_prob_micro_batch_size_per_gpu)
                     if arr.ref.megatron.param_offload:
                         ref.offload_to_host(params=True)
@@ -131,12 +137,12 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                 norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
             )
 
-            with timed(timings, "update"):
+            with timed(timings, "update", diag):
                 update_metrics = actor.update(batch)
-            with timed(timings, "sync"):
+            with timed(timings, "sync", diag):
                 if engine is not None and arr.rollout.free_cache_engine:
                     engine.wake()
-                sync_weights(actor, engine, shape, arr.rollout.dtype)
+                sync_weights(actor, engine, shape, cfg)
                 m = arr.actor.megatron
                 actor.offload_to_host(params=m.param_offload, grads=m.grad_offload)
             timings["step"] = sum(timings.values())
@@ -147,6 +153,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                 **update_metrics,
                 **M.timing_metrics(timings),
                 **M.throughput_metrics(batch, timings, shape, dist.get_world_size()),
+                **diag.end_step(step + 1),
             }
             last = step + 1 == total_steps
             if val_prompts and cfg.trainer.test_freq > 0 and ((step + 1) % cfg.trainer.test_freq == 0 or last):
@@ -155,6 +162,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             if checkpoints.should_save(step + 1, last):
                 checkpoints.save(step + 1, actor, trainer_state)
         tracker.close()
+        diag.close()
         return step_metrics
     finally:
         if engine is not None and hasattr(engine, "close"):
@@ -165,12 +173,14 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
 
 
 @contextmanager
-def timed(timings: dict[str, float], name: str):
-    """Wall seconds of a phase; synchronises the GPU first so queued kernels are not counted later."""
+def timed(timings: dict[str, float], name: str, diag: RunDiagnostics | None = None):
+    """Wall seconds of a phase; synchronises the GPU first so queued kernels are not counted later.
+    ``diag`` tags GPU samples and the profile with the phase, and explains an error raised in it."""
     start = time.perf_counter()
-    yield
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    with diag.phase(name) if diag is not None else nullcontext():
+        yield
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
     timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
 
 
@@ -181,7 +191,7 @@ def generate(engine, prompts: list[Prompt], settings: SamplingSettings, tokenize
     share = -(-len(prompts) // replicas)
     mine = prompts[replica * share : (replica + 1) * share]
     local = engine.generate([p.ids for p in mine], settings) if engine is not None and mine else None
-    gen = _gather_generations(local)
+    gen = _gather_generations(local if dist.get_rank() % tp == 0 else None)  # a replica's rows once
     rm = cfg.reward_model
     scores = []
     for row, ids in enumerate(gen.response_ids):
@@ -218,9 +228,11 @@ def token_level_rewards(scores: list[float], response_mask: torch.Tensor) -> tor
     return rewards * response_mask
 
 
-def sync_weights(actor: MegatronActor, engine, shape: ModelShape, dtype: str) -> None:
+def sync_weights(actor: MegatronActor, engine, shape: ModelShape, cfg: GRPOConfig) -> None:
     """Stream the actor's weights, as full HF tensors, into this rank's engine (every rank takes part)."""
-    _, tensors = gather_hf_weights(actor.model, shape, dtype=dtype, dst=None)
+    if _engine_is_the_actor(cfg):
+        return
+    _, tensors = gather_hf_weights(actor.model, shape, dtype=cfg.actor_rollout_ref.rollout.dtype, dst=None)
     if engine is not None:
         engine.update_weights(tensors)
     for _ in tensors:  # ranks without an engine (and an engine that stopped early) still join every transfer
@@ -252,6 +264,11 @@ def validate(cfg: GRPOConfig, engine, prompts: list[Prompt], tokenizer) -> dict[
 
 def _validates(cfg: GRPOConfig) -> bool:
     return cfg.trainer.val_before_train or cfg.trainer.test_freq > 0
+
+
+def _engine_is_the_actor(cfg: GRPOConfig) -> bool:
+    """The megatron engine generates with the actor's model: on every rank, with nothing to sync."""
+    return cfg.actor_rollout_ref.rollout.name == "megatron"
 
 
 def _needs_ref(cfg: GRPOConfig) -> bool:

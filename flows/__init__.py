@@ -1,0 +1,1 @@
+"""Prefect flows: the pipeline as users run and schedule it (see prefect.yaml)."""

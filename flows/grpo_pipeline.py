@@ -1,0 +1,77 @@
+"""prepare → evaluate the base model → train → evaluate the trained model → report the uplift.
+
+Run it with ``grpo pipeline --config configs/demo_cpu.yaml`` (Prefect's ephemeral API, nothing to start),
+or deploy it with ``prefect deploy`` (prefect.yaml) and run ``prefect deployment run 'grpo-pipeline/on-demand'``.
+Every task is cached and its result persisted: a re-run after a crash picks up after the last finished
+task, and the training task itself resumes from its last checkpoint.
+"""
+
+from dataclasses import asdict
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+
+from grpo_core.config import ConfigError
+from grpo_core.evaluation.gsm8k import METRICS_FILE
+from grpo_core.evaluation.run import EvalSettings
+from grpo_core.trainer.checkpoint import CheckpointManager
+from grpo_core.trainer.dry_run import resolve_run
+from tasks import evaluate_checkpoint, prepare_gsm8k, train_grpo, unless_missing
+from tasks.evaluate import settings_dict
+
+
+def fresh_overrides(cfg_dir: str) -> list[str]:
+    """A fresh run (scheduled retraining) trains in its own directory, named by the flow run's scheduled
+    start, so a retry of that flow run finds the same directory and resumes there."""
+    start = flow_run.scheduled_start_time
+    return [f"trainer.default_local_dir={Path(cfg_dir) / start.strftime('%Y%m%d-%H%M%S')}"]
+
+
+@flow(name="grpo-pipeline", log_prints=True)
+def grpo_pipeline(config: str | None = None, overrides: list[str] | None = None, fresh: bool = False) -> dict:
+    """GRPO on GSM8K with the accuracy before and after, tracked in one MLflow run."""
+    from grpo_core.tracking.pipeline_run import markdown_report, open_pipeline_run, pipeline_key, record_results
+
+    log = get_run_logger()
+    overrides = list(overrides or [])
+    run = resolve_run(config, overrides)
+    if fresh:
+        overrides += fresh_overrides(run.config.trainer.default_local_dir)
+        run = resolve_run(config, overrides)
+    if run.report.errors:
+        raise ConfigError(run.report.errors, run.report.warnings)
+    cfg = run.config
+    run_dir = Path(cfg.trainer.default_local_dir)
+
+    data_dir = Path(cfg.data.train_files[0]).parent
+    data = unless_missing(prepare_gsm8k, *cfg.data.train_files, *cfg.data.val_files)(cfg.data.source, str(data_dir))
+    log.info("data: %s", data["rows"])
+    eval_file = cfg.evaluation.data_file or cfg.data.val_files[0]
+
+    tags = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": str(flow_run.name)}
+    mlflow_run = open_pipeline_run(cfg, pipeline_key(cfg), tags, run_dir)
+    settings = settings_dict(EvalSettings.from_config(cfg))
+    eval_dirs = {"base": run_dir / "eval" / "base", "trained": run_dir / "eval" / "trained"}
+
+    try:
+        evaluate_base = unless_missing(evaluate_checkpoint, eval_dirs["base"] / METRICS_FILE)
+        base = evaluate_base(cfg.actor_rollout_ref.model.path, eval_file, str(eval_dirs["base"]), settings)
+        no_checkpoint = CheckpointManager.for_run(cfg.trainer).latest() is None
+        trained_run = train_grpo.with_options(refresh_cache=no_checkpoint)(config, overrides, mlflow_run.run_id)
+        checkpoint = trained_run["checkpoint"]
+        evaluate_trained = unless_missing(evaluate_checkpoint, eval_dirs["trained"] / METRICS_FILE, checkpoint)
+        trained = evaluate_trained(checkpoint, eval_file, str(eval_dirs["trained"]), settings)
+
+        summary = record_results(mlflow_run, cfg, base, trained, checkpoint, eval_dirs, Path(checkpoint) / "hf")
+    except BaseException:
+        mlflow_run.finish("FAILED")  # a re-run with the same key continues this run
+        mlflow_run.close()
+        raise
+    report = markdown_report(summary, cfg)
+    create_markdown_artifact(report, key="grpo-pipeline-report", description="accuracy, uplift and throughput")
+    mlflow_run.finish()
+    mlflow_run.close()
+    log.info("\n%s", report)
+    return {**asdict(summary), "prefect_flow_run_id": str(flow_run.id)}

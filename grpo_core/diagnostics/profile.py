@@ -1,0 +1,96 @@
+"""Communication against compute in a profiled step, read from its chrome trace.
+
+The loop marks each phase with ``torch.profiler.record_function(phase)``, so a phase is a
+``user_annotation`` span of the trace. Within it:
+- GPU traces: the share of kernel-busy time during which an NCCL kernel runs;
+- CPU traces (gloo): the share of the phase's wall time during which a collective (a ``gloo:``,
+  ``nccl:`` or ``c10d::`` op, or ``record_param_comms``) is in flight on any thread.
+Overlapping spans count once. The share includes waiting for slower peers, as the kernels do.
+"""
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+COMM_MARKERS = ("nccl", "gloo:", "c10d::", "record_param_comms")
+
+Spans = list[list[float]]  # sorted, disjoint [start, end] in microseconds
+
+
+def is_comm(name: str) -> bool:
+    lower = name.lower()
+    return any(marker in lower for marker in COMM_MARKERS)
+
+
+def read_trace(path: Path, phases: Iterable[str]) -> list[dict]:
+    """The events of a chrome trace that ``comm_shares`` reads: phase spans, kernels, collectives. The rest
+    is dropped while parsing (a profiled generation phase can be a gigabyte of JSON)."""
+    phases = set(phases)
+
+    def keep(obj: dict) -> dict | None:
+        if "ph" not in obj:  # an event's args, or the file's header
+            return obj
+        cat, name = obj.get("cat"), str(obj.get("name", ""))
+        return obj if cat == "kernel" or (cat == "user_annotation" and name in phases) or is_comm(name) else None
+
+    with open(path) as f:
+        trace = json.load(f, object_hook=keep)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    return [e for e in events if e is not None]
+
+
+def comm_shares(events: list[dict], phases: Iterable[str]) -> dict[str, float]:
+    """``profile/comm_share_<phase>`` for each phase found in the trace, and ``profile/comm_share`` over all."""
+    spans = [e for e in events if e.get("ph") == "X" and "dur" in e and "name" in e]
+    kernels = [e for e in spans if e.get("cat") == "kernel"]
+    if kernels:
+        busy: Spans | None = _merge(_span(e) for e in kernels)
+        comm = _merge(_span(e) for e in kernels if "nccl" in e["name"].lower())
+    else:
+        busy = None  # a CPU is busy for the whole phase
+        comm = _merge(_span(e) for e in spans if e.get("cat") != "kernel" and is_comm(e["name"]))
+    metrics, all_windows = {}, []
+    for phase in phases:
+        windows = _merge(_span(e) for e in spans if e.get("cat") == "user_annotation" and e["name"] == phase)
+        if windows:
+            all_windows += windows
+            metrics[f"profile/comm_share_{phase}"] = _share(comm, busy, windows)
+    if all_windows:
+        metrics["profile/comm_share"] = _share(comm, busy, _merge(all_windows))
+    return metrics
+
+
+def _share(comm: Spans, busy: Spans | None, windows: Spans) -> float:
+    working = _overlap(busy, windows) if busy is not None else _length(windows)
+    return _overlap(comm, windows) / working if working > 0 else 0.0
+
+
+def _span(event: dict) -> tuple[float, float]:
+    start = float(event["ts"])
+    return start, start + float(event["dur"])
+
+
+def _merge(spans: Iterable[tuple[float, float]]) -> Spans:
+    merged: Spans = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+def _length(spans: Spans) -> float:
+    return sum(end - start for start, end in spans)
+
+
+def _overlap(a: Spans, b: Spans) -> float:
+    """Total time inside both ``a`` and ``b`` (each sorted and disjoint)."""
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total

@@ -1,0 +1,98 @@
+"""Evaluate a model on a GSM8K parquet: a hub id, a Hugging Face directory or a training checkpoint.
+
+The body of ``grpo evaluate`` and of the pipeline's evaluate task. A checkpoint is first exported to a
+Hugging Face directory next to it (``<checkpoint>/hf``), in a child process because the export sets up
+torch.distributed, which a long-lived caller (a Prefect worker) should not inherit.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpo_core.evaluation.gsm8k import EvalResult, evaluate, write_results
+from grpo_core.trainer.checkpoint import STATE_FILE, CheckpointError
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    n: int = 1
+    temperature: float = 0.0
+    max_new_tokens: int = 512
+    batch_size: int = 32  # sequences per generate call (prompts x n)
+    limit: int | None = None
+    k_values: tuple[int, ...] = (1,)
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+
+    @classmethod
+    def from_config(cls, cfg) -> "EvalSettings":
+        e = cfg.evaluation
+        dtype = "float32" if cfg.trainer.device == "cpu" else "bfloat16"
+        trust = cfg.actor_rollout_ref.model.trust_remote_code
+        return cls(e.n, e.temperature, e.max_new_tokens, e.batch_size, e.limit, dtype=dtype, trust_remote_code=trust)
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    return (Path(path) / STATE_FILE).is_file()
+
+
+def exported_model(checkpoint: str | Path) -> Path:
+    """``<checkpoint>/hf``, written by ``grpo export`` unless an earlier call already did."""
+    checkpoint = Path(checkpoint)
+    out = checkpoint / "hf"
+    if (out / "config.json").is_file():
+        return out
+    partial = checkpoint / "hf.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_core.cli", "export", str(checkpoint), str(partial)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+    )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CheckpointError(f"exporting {checkpoint} failed: {last}")
+    partial.rename(out)
+    return out
+
+
+def evaluate_model(model: str, data_file: str, out_dir: str | Path, settings: EvalSettings) -> EvalResult:
+    """Greedy (or sampled) answers for the first ``settings.limit`` rows; writes samples.jsonl and metrics.json.
+
+    Raises DataError, ModelLoadError or CheckpointError for unusable input."""
+    import torch
+
+    from grpo_core.data.gsm8k import DataError
+    from grpo_core.data.prompts import load_rows
+    from grpo_core.rollout.hf import HFEngine, ModelLoadError, load_tokenizer
+
+    if is_checkpoint(model):
+        model = str(exported_model(model))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = load_rows(data_file, settings.limit)
+    if not rows:
+        raise DataError(f"{data_file} has no rows")
+    tokenizer = load_tokenizer(model, settings.trust_remote_code)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(f"the tokenizer of {model} has no chat template; evaluate needs a chat model")
+    engine = HFEngine(model, tokenizer, settings.dtype, device, settings.batch_size, settings.trust_remote_code)
+    result = evaluate(
+        engine,
+        tokenizer,
+        rows,
+        n=settings.n,
+        temperature=settings.temperature,
+        max_new_tokens=settings.max_new_tokens,
+        batch_size=max(1, settings.batch_size // settings.n),  # batch_size counts sequences
+        k_values=settings.k_values,
+    )
+    result.device = device
+    try:
+        write_results(result, out_dir)
+    except OSError as e:
+        raise DataError(f"cannot write to output directory {out_dir}: {e.strerror or e}") from None
+    return result

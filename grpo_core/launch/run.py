@@ -1,0 +1,122 @@
+"""Start the real trainer for this node the way ``cfg.launch`` says, and wait for it: what ``grpo train`` and
+the pipeline's train task call.
+
+``launch.launcher=torchrun`` runs torchrun here (``--standalone`` for one node; with ``trainer.nnodes > 1``
+each node calls this with its ``launch.node_rank`` and the shared ``launch.rdzv_endpoint``/``rdzv_id``).
+``launch.launcher=slurm`` submits the whole job once, from any node, and follows it. Logs go under
+``<trainer.default_local_dir>/launch/``; ``echo`` copies the node's (or the Slurm job's) log to stderr as it
+grows, so an interactive run still shows its per-step lines.
+
+Simplification: Slurm's rendezvous port is the port of ``launch.rdzv_endpoint`` when one is set (its host
+is ignored: the job's first node hosts the rendezvous), else torchrun's usual 29500.
+"""
+
+import codecs
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from grpo_core.launch import slurm, torchrun
+from grpo_core.launch.common import trainer_command
+
+SLURM_DEFAULT_PORT = 29500
+
+
+def run_training(
+    cfg: Any,
+    config_path: str | Path | None,
+    overrides: Sequence[str],
+    *,
+    extra_env: Mapping[str, str] | None = None,
+    echo: bool = False,
+) -> Path:
+    """Run ``python -m grpo_core.trainer.main_ppo [--config F] overrides...`` on every rank of this node (or
+    of the Slurm job) with ``trainer.env`` and ``extra_env`` set. Returns the log directory; raises
+    ``LaunchError`` when the job fails, is killed, hangs past ``launch.stuck_timeout_s`` or runs past
+    ``launch.timeout_s``."""
+    launch_cfg = cfg.launch
+    log_dir = Path(cfg.trainer.default_local_dir).resolve() / "launch"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # Absolute, so that the ranks find the file whatever directory they (or a Slurm job) start in.
+    config = Path(config_path).resolve() if config_path is not None else None
+    command = trainer_command(config, list(overrides))
+    stuck_s = launch_cfg.stuck_timeout_s
+    if launch_cfg.launcher == "slurm":
+        before = set(log_dir.glob("slurm-*.log"))
+        with _echoing(echo, lambda: next(iter(set(log_dir.glob("slurm-*.log")) - before), None)):
+            slurm.launch(
+                cfg,
+                command,
+                log_dir=log_dir,
+                job_name=cfg.trainer.experiment_name,
+                time_limit_min=launch_cfg.slurm_time_limit_min,
+                port=_port(launch_cfg.rdzv_endpoint) or SLURM_DEFAULT_PORT,
+                sbatch_options=launch_cfg.slurm_options,
+                extra_env=extra_env,
+                timeout_s=launch_cfg.timeout_s,
+                stuck_s=stuck_s,
+            )
+        return log_dir
+    multi_node = cfg.trainer.nnodes > 1
+    node_rank = launch_cfg.node_rank if multi_node else 0
+    node_log = torchrun.NodeLogs(log_dir, node_rank).node_log
+    node_log.unlink(missing_ok=True)  # so the echo never shows the last run's log
+    with _echoing(echo, lambda: node_log if node_log.exists() else None):
+        torchrun.launch(
+            cfg,
+            command,
+            log_dir=log_dir,
+            node_rank=node_rank,
+            rdzv_endpoint=launch_cfg.rdzv_endpoint if multi_node else None,
+            rdzv_id=launch_cfg.rdzv_id,
+            extra_env=extra_env,
+            timeout_s=launch_cfg.timeout_s if launch_cfg.timeout_s is not None else float("inf"),
+            stuck_s=stuck_s,
+        )
+    return log_dir
+
+
+def _port(endpoint: str | None) -> int | None:
+    return int(endpoint.rsplit(":", 1)[1]) if endpoint else None
+
+
+@contextmanager
+def _echoing(enabled: bool, find: Callable[[], Path | None], poll_s: float = 0.2) -> Iterator[None]:
+    """While the block runs, copy the file that ``find()`` returns (None until it exists) to stderr as it
+    grows; what is left is copied when the block ends."""
+    if not enabled:
+        yield
+        return
+    stop = threading.Event()
+    thread = threading.Thread(target=_follow, args=(find, sys.stderr, stop, poll_s), name="launch-echo", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _follow(find: Callable[[], Path | None], out: TextIO, stop: threading.Event, poll_s: float) -> None:
+    path, offset = None, 0
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a read may end inside a character
+    while True:
+        stopping = stop.is_set()  # read before the last copy, so nothing written before the end is lost
+        path = path or find()
+        if path is not None:
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except OSError:
+                data = b""
+            offset += len(data)
+            if text := decoder.decode(data):
+                out.write(text)
+                out.flush()
+        if stopping:
+            return
+        stop.wait(poll_s)

@@ -1,0 +1,178 @@
+"""One MLflow run, written by run id through ``MlflowClient``, that survives its server going away.
+
+Every call is queued and the queue is sent in order; when the server does not answer, the calls stay
+queued (a warning says so once), are retried at the next call after ``retry_s``, and are flushed when
+the server is back. Whatever cannot be sent by ``close`` is written to ``pending_file`` (JSON lines of
+the calls) and said so, so nothing is lost. The HTTP client's own retries are capped so that a dead
+server costs a step seconds, not minutes.
+"""
+
+import json
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+RUN_ID_VAR = "GRPO_MLFLOW_RUN_ID"  # set by the pipeline: the trainer logs into the pipeline's run
+# Errors that say the call itself is wrong: sending it again cannot succeed, so it is dropped (with a warning).
+REJECTED = {
+    "INVALID_PARAMETER_VALUE",
+    "BAD_REQUEST",
+    "RESOURCE_ALREADY_EXISTS",
+    "RESOURCE_DOES_NOT_EXIST",
+    "INVALID_STATE",
+    "PERMISSION_DENIED",
+}
+SECRET = re.compile(r"password|secret|api_?key|access_?key|credential|(^|_)token$", re.IGNORECASE)
+MAX_PARAMS_PER_BATCH = 100  # MLflow's limit per log_batch
+MAX_PARAM_LENGTH = 6000
+
+
+def tracking_uri(cfg) -> str:
+    """The config's URI, else MLflow's own environment variable, else a SQLite file in the working directory."""
+    return cfg.tracking.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+
+
+def _quick_http() -> None:
+    """MLflow's REST client retries 7 times with backoff by default (minutes against a dead server)."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+
+class MlflowRun:
+    def __init__(self, tracking_uri: str, run_id: str, pending_file: Path | None = None, retry_s: float = 15.0):
+        _quick_http()
+        from mlflow import MlflowClient
+
+        self.client = MlflowClient(tracking_uri)
+        self.tracking_uri, self.run_id = tracking_uri, run_id
+        self.pending_file, self.retry_s = pending_file, retry_s
+        self.queue: list[tuple[str, dict[str, Any]]] = []
+        self._next_try = 0.0
+        self._down_since: float | None = None
+
+    @classmethod
+    def create(cls, tracking_uri: str, experiment: str, run_name: str, tags: dict[str, str] | None = None, **kw):
+        """A new run in ``experiment`` (created if missing). Needs the server: fails loudly if it is down."""
+        _quick_http()
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri)
+        found = client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+        run = client.create_run(experiment_id, run_name=run_name, tags=tags or {})
+        return cls(tracking_uri, run.info.run_id, **kw)
+
+    # ---- what callers log --------------------------------------------------------------------------------
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        self._send("log_batch", {"metrics": batch})
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        """Values of secret-looking keys (``trainer.env.WANDB_API_KEY``, say) are logged as ``***``."""
+        from mlflow.entities import Param
+
+        items = [
+            Param(k, "***" if SECRET.search(k.rsplit(".", 1)[-1]) else str(v)[:MAX_PARAM_LENGTH])
+            for k, v in params.items()
+        ]
+        for first in range(0, len(items), MAX_PARAMS_PER_BATCH):
+            self._send("log_batch", {"params": items[first : first + MAX_PARAMS_PER_BATCH]})
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self._send("log_batch", {"tags": [RunTag(k, str(v)) for k, v in tags.items()]})
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        method = "log_artifacts" if Path(path).is_dir() else "log_artifact"
+        self._send(
+            method,
+            {"local_dir" if method == "log_artifacts" else "local_path": str(path), "artifact_path": artifact_path},
+        )
+
+    def finish(self, status: str = "FINISHED") -> None:
+        self._send("set_terminated", {"status": status})
+
+    # ---- delivery ----------------------------------------------------------------------------------------
+
+    def _send(self, method: str, kwargs: dict[str, Any]) -> None:
+        self.queue.append((method, kwargs))
+        if time.monotonic() >= self._next_try:
+            self.flush()
+
+    def flush(self) -> bool:
+        """Send the queue in order; False (and keep the rest) at the first call the server does not take."""
+        while self.queue:
+            method, kwargs = self.queue[0]
+            try:
+                getattr(self.client, method)(self.run_id, **kwargs)
+            except Exception as e:  # noqa: BLE001  (any transport or server error: keep the call, retry later)
+                if getattr(e, "error_code", None) in REJECTED:
+                    logger.warning("MLflow rejected a %s call, dropped it: %s", method, _short(e))
+                    self.queue.pop(0)
+                    continue
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
+                    logger.warning(
+                        "MLflow at %s did not take a %s call (%s); queueing and retrying every %g s",
+                        self.tracking_uri,
+                        method,
+                        _short(e),
+                        self.retry_s,
+                    )
+                self._next_try = time.monotonic() + self.retry_s
+                return False
+            self.queue.pop(0)
+        if self._down_since is not None:
+            logger.warning("MLflow at %s is back; flushed the queued calls", self.tracking_uri)
+            self._down_since = None
+        return True
+
+    def close(self, wait_s: float = 30.0) -> bool:
+        """Flush, retrying for up to ``wait_s``; what is still queued goes to ``pending_file``."""
+        deadline = time.monotonic() + wait_s
+        while not self.flush() and time.monotonic() < deadline:
+            time.sleep(min(2.0, self.retry_s))
+        if not self.queue:
+            return True
+        if self.pending_file is not None:
+            self.pending_file.parent.mkdir(parents=True, exist_ok=True)
+            with self.pending_file.open("a") as f:
+                for method, kwargs in self.queue:
+                    f.write(json.dumps({"run_id": self.run_id, "method": method, "args": _plain(kwargs)}) + "\n")
+        logger.warning(
+            "MLflow at %s is unreachable: %d call(s) not sent%s",
+            self.tracking_uri,
+            len(self.queue),
+            f"; written to {self.pending_file}" if self.pending_file else "",
+        )
+        return False
+
+
+def _short(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
+
+
+def _plain(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """JSON-friendly form of a queued call (entities as dicts)."""
+
+    def convert(v):
+        if isinstance(v, list):
+            return [convert(x) for x in v]
+        if hasattr(v, "to_dictionary"):
+            return v.to_dictionary()
+        if hasattr(v, "key"):
+            return {k: getattr(v, k) for k in ("key", "value", "timestamp", "step") if hasattr(v, k)}
+        return v
+
+    return {k: convert(v) for k, v in kwargs.items()}

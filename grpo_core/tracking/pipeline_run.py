@@ -1,0 +1,199 @@
+"""The MLflow side of one pipeline: a run keyed by what it trains, its params, results, plots and model.
+
+One MLflow run per pipeline key (the resolved config and the training data): a re-run after a crash
+finds and continues the same run instead of starting a second one. The trainer logs its per-step
+metrics into it (``GRPO_MLFLOW_RUN_ID``); the pipeline adds the evaluations, the uplift, the plots and the
+registered model. Plain functions: the Prefect flow calls them, tests call them without Prefect.
+"""
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from grpo_core.config.load import to_flat_dict, to_yaml
+from grpo_core.config.schema import GRPOConfig
+from grpo_core.tracking import METRICS_FILE
+from grpo_core.tracking.mlflow_run import MlflowRun, tracking_uri
+from grpo_core.tracking.plots import plot_run
+
+KEY_TAG = "grpo.pipeline_key"
+NOT_IN_KEY = (
+    "tracking.",
+    "evaluation.",
+    "launch.",
+    "trainer.logger",
+    "trainer.project_name",
+    "trainer.experiment_name",
+)
+
+
+def file_digest(path: str | Path) -> str:
+    with Path(path).open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def pipeline_key(cfg: GRPOConfig) -> str:
+    """What the trained model depends on: the resolved config (less where results are logged, how ranks are
+    started and how the model is evaluated afterwards) and the training data's bytes."""
+    settings = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith(NOT_IN_KEY)}
+    parts = [json.dumps(settings, sort_keys=True, default=str)]
+    parts += [file_digest(p) for p in cfg.data.train_files if Path(p).is_file()]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def open_pipeline_run(cfg: GRPOConfig, key: str, tags: dict[str, str], local_dir: Path) -> MlflowRun:
+    """The pipeline's MLflow run: the unfinished or finished one with this key, else a new one."""
+    from mlflow import MlflowClient
+
+    t, uri = cfg.trainer, tracking_uri(cfg)
+    pending = local_dir / "mlflow_pending.jsonl"
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(t.project_name)
+    if experiment is not None:
+        found = client.search_runs([experiment.experiment_id], f"tags.`{KEY_TAG}` = '{key}'", max_results=1)
+        if found:
+            run = MlflowRun(uri, found[0].info.run_id, pending_file=pending)
+            run.set_tags(tags)
+            run.client.update_run(run.run_id, status="RUNNING")
+            return run
+    run = MlflowRun.create(uri, t.project_name, t.experiment_name, {KEY_TAG: key, **tags}, pending_file=pending)
+    run.log_params(to_flat_dict(cfg))
+    local_dir.mkdir(parents=True, exist_ok=True)
+    resolved = local_dir / "resolved_config.yaml"
+    resolved.write_text(to_yaml(cfg))
+    run.log_artifact(resolved)
+    return run
+
+
+def run_url(run: MlflowRun) -> str:
+    """A link to the run in the MLflow UI (for a local store: the UI to start, then the link)."""
+    info = run.client.get_run(run.run_id).info
+    path = f"#/experiments/{info.experiment_id}/runs/{run.run_id}"
+    uri = run.tracking_uri
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/{path}"
+    return f"`mlflow ui --backend-store-uri {uri}` then http://127.0.0.1:5000/{path}"
+
+
+def training_rows(run_dir: str | Path) -> list[dict]:
+    """The trainer's metrics.jsonl, one row per step (a step logged twice across a resume: the last one)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    by_step = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            by_step[row["step"]] = row
+    return [by_step[s] for s in sorted(by_step)]
+
+
+@dataclass
+class PipelineSummary:
+    accuracy_baseline: float
+    accuracy: float
+    accuracy_uplift: float
+    throughput: float  # tokens/s per GPU, mean over the training steps
+    step_seconds: float  # mean
+    steps: int
+    checkpoint: str
+    model_version: str | None = None
+    champion: bool = False
+    mlflow_run_id: str = ""
+    mlflow_url: str = ""
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def record_results(
+    run: MlflowRun,
+    cfg: GRPOConfig,
+    base: dict,
+    trained: dict,
+    checkpoint: str,
+    eval_dirs: dict[str, Path],
+    model_dir: Path | None,
+) -> PipelineSummary:
+    """Log the evaluations, uplift, summaries, plots, eval samples and the model; register it (champion on uplift)."""
+    metric = cfg.evaluation.metric
+    rows = training_rows(cfg.trainer.default_local_dir)
+    steps = max((r["step"] for r in rows), default=0)
+    summary = PipelineSummary(
+        accuracy_baseline=base[metric],
+        accuracy=trained[metric],
+        accuracy_uplift=trained[metric] - base[metric],
+        throughput=_mean([r["perf/throughput"] for r in rows if "perf/throughput" in r]),
+        step_seconds=_mean([r["timing/step"] for r in rows if "timing/step" in r]),
+        steps=steps,
+        checkpoint=checkpoint,
+        mlflow_run_id=run.run_id,
+    )
+    run.log_metrics(
+        {
+            "val/accuracy_baseline": summary.accuracy_baseline,
+            "val/accuracy": summary.accuracy,
+            "val/accuracy_uplift": summary.accuracy_uplift,
+            "perf/throughput_mean": summary.throughput,
+            "timing/step_mean": summary.step_seconds,
+            **{f"eval/base/{k}": v for k, v in base.items()},
+            **{f"eval/trained/{k}": v for k, v in trained.items()},
+        },
+        step=steps,
+    )
+    plots = plot_run(rows, Path(cfg.trainer.default_local_dir) / "plots", summary.accuracy_baseline, summary.accuracy)
+    for path in plots:
+        run.log_artifact(path, "plots")
+    for name, directory in eval_dirs.items():
+        run.log_artifact(directory, f"eval/{name}")
+    if model_dir is not None and cfg.tracking.log_model:
+        summary.model_version, summary.champion = register_model(run, cfg, model_dir, summary.accuracy_uplift)
+    summary.mlflow_url = run_url(run)
+    run.set_tags({"grpo.steps": str(steps), "grpo.champion": str(summary.champion).lower()})
+    return summary
+
+
+def register_model(run: MlflowRun, cfg: GRPOConfig, model_dir: Path, uplift: float) -> tuple[str, bool]:
+    """The exported model as a run artifact and a new registry version; alias ``champion`` above the threshold."""
+    from mlflow.exceptions import MlflowException
+
+    run.log_artifact(model_dir, "model")
+    if not run.flush():
+        raise ConnectionError(f"MLflow at {run.tracking_uri} is unreachable; cannot register the model now")
+    name = cfg.tracking.registered_model_name or cfg.trainer.project_name
+    client = run.client
+    try:
+        client.create_registered_model(name)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    source = f"{client.get_run(run.run_id).info.artifact_uri}/model"
+    version = client.create_model_version(name, source, run_id=run.run_id, tags={"accuracy_uplift": f"{uplift:.6f}"})
+    champion = uplift > cfg.tracking.champion_min_uplift
+    if champion:
+        client.set_registered_model_alias(name, "champion", version.version)
+    return version.version, champion
+
+
+def markdown_report(summary: PipelineSummary, cfg: GRPOConfig) -> str:
+    """The table a person reads first (the Prefect artifact, the CLI's closing lines)."""
+    metric = cfg.evaluation.metric.replace("accuracy_", "")
+    s = asdict(summary)
+    lines = [
+        f"# GRPO pipeline: {cfg.trainer.project_name} / {cfg.trainer.experiment_name}",
+        "",
+        "| | value |",
+        "|---|---|",
+        f"| base model accuracy (GSM8K, {metric}) | {s['accuracy_baseline']:.4f} |",
+        f"| trained model accuracy | {s['accuracy']:.4f} |",
+        f"| **accuracy uplift** | **{s['accuracy_uplift']:+.4f}** |",
+        f"| throughput (tokens/s per GPU, mean) | {s['throughput']:.1f} |",
+        f"| step time (s, mean) | {s['step_seconds']:.1f} |",
+        f"| steps | {s['steps']} |",
+        f"| checkpoint | `{s['checkpoint']}` |",
+        f"| model version | {s['model_version'] or '-'}{' (champion)' if s['champion'] else ''} |",
+        f"| MLflow run | {s['mlflow_url']} |",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,47 @@
+"""Evaluate a model or a training checkpoint on GSM8K: cached on the model's files, the data and the settings."""
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from prefect import task
+
+from grpo_core.evaluation.run import EvalSettings, evaluate_model
+from grpo_core.tracking.pipeline_run import file_digest
+from tasks.retry import transient
+
+
+def model_fingerprint(model: str) -> str:
+    """A hub id as is; a local directory by its files' names, sizes and modification times (cheap, and
+    changes when a checkpoint is rewritten). A checkpoint's own export (``hf/``) is not part of it."""
+    path = Path(model)
+    if not path.is_dir():
+        return model
+    files = sorted(p for p in path.rglob("*") if p.is_file() and not p.relative_to(path).parts[0].startswith("hf"))
+    listing = [(str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    return json.dumps([str(path.resolve()), listing])
+
+
+def _cache_key(context, parameters) -> str:
+    out = Path(parameters["out_dir"])
+    parts = [
+        model_fingerprint(parameters["model"]),
+        file_digest(parameters["data_file"]),
+        json.dumps(parameters["settings"], sort_keys=True),
+        str(out.resolve()),
+    ]
+    return "evaluate-" + hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+@task(cache_key_fn=_cache_key, persist_result=True, retries=1, retry_delay_seconds=10, retry_condition_fn=transient)
+def evaluate_checkpoint(model: str, data_file: str, out_dir: str, settings: dict) -> dict:
+    """GSM8K accuracies of ``model`` (hub id, HF directory or checkpoint); records in ``out_dir``."""
+    result = evaluate_model(model, data_file, out_dir, EvalSettings(**settings))
+    rate = result.response_tokens / max(result.elapsed_s, 1e-9)
+    return {**result.metrics, "tokens_per_s": rate}
+
+
+def settings_dict(settings: EvalSettings) -> dict:
+    """EvalSettings as task parameters (JSON-friendly, so they hash and show in the Prefect UI)."""
+    return {**asdict(settings), "k_values": list(settings.k_values)}

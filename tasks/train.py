@@ -1,0 +1,33 @@
+"""Train: the real trainer through torchrun (one node or c10d) or Slurm, cached on the pipeline key.
+
+A retry (or a re-run after a crash) resumes from the run's last checkpoint: ``trainer.resume_mode=auto``.
+"""
+
+from prefect import get_run_logger, task
+
+from grpo_core.config.load import load_config
+from grpo_core.launch import LaunchError, run_training
+from grpo_core.tracking.mlflow_run import RUN_ID_VAR
+from grpo_core.tracking.pipeline_run import pipeline_key, training_rows
+from grpo_core.trainer.checkpoint import CheckpointManager
+from tasks.retry import transient
+
+
+def _cache_key(context, parameters) -> str:
+    return "train-" + pipeline_key(load_config(parameters["config_path"], parameters["overrides"]))
+
+
+@task(cache_key_fn=_cache_key, persist_result=True, retries=1, retry_delay_seconds=30, retry_condition_fn=transient)
+def train_grpo(config_path: str | None, overrides: list[str], mlflow_run_id: str) -> dict:
+    """Run every rank to the end; the last checkpoint and the number of steps trained."""
+    cfg = load_config(config_path, overrides)
+    try:
+        log_dir = run_training(cfg, config_path, overrides, extra_env={RUN_ID_VAR: mlflow_run_id})
+    except LaunchError as e:
+        get_run_logger().error(e.report())  # the failed rank's own log tail, in the task's log
+        raise
+    latest = CheckpointManager.for_run(cfg.trainer).latest()
+    if latest is None:
+        raise RuntimeError(f"training ended without a checkpoint under {cfg.trainer.default_local_dir}")
+    rows = training_rows(cfg.trainer.default_local_dir)
+    return {"checkpoint": str(latest), "steps": len(rows), "log_dir": str(log_dir)}

