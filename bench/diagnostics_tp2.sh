@@ -10,23 +10,7 @@
 set -euo pipefail
 model=$1 data=$2 out=$3
 mkdir -p "$out"
-python3 - "$model" "$out/model_tp2" <<'PY'
-import shutil, sys
-from pathlib import Path
-
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
-
-src, dst = Path(sys.argv[1]), Path(sys.argv[2])
-config = AutoConfig.from_pretrained(src)
-config.num_attention_heads, config.num_key_value_heads = 12, 4
-config.head_dim = config.hidden_size // 12
-torch.manual_seed(0)
-AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(dst)
-for f in src.iterdir():
-    if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
-        shutil.copy2(f, dst / f.name)
-PY
+python3 bench/random_tp2_model.py "$model" "$out/model_tp2"
 python3 -m grpo_core.cli train --config configs/smollm2_gsm8k_gpu.yaml \
   actor_rollout_ref.model.path="$out/model_tp2" data.train_files="[$data/train.parquet]" \
   data.val_files="[$data/test.parquet]" trainer.default_local_dir="$out/run" trainer.resume_mode=disable \

@@ -223,6 +223,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from mlflow.exceptions import MlflowException
     from rich.table import Table
 
     from grpo_core.tracking.compare import compare_runs
@@ -231,6 +232,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         comparison = compare_runs(args.tracking_uri, args.experiment, args.runs)
     except LookupError as e:
         raise UserError(str(e).strip("'\"")) from None
+    except MlflowException as e:  # the server is down or refused: not the user's input
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        err_console.print(f"error: MLflow at {args.tracking_uri}: {first}", markup=False, soft_wrap=True)
+        return EXIT_FAILURE
     if not comparison.rows:
         console.print("no runs", markup=False)
         return 0

@@ -31,6 +31,9 @@ def compare_runs(tracking_uri: str, experiment: str | None = None, run_ids: list
     """Named runs, or every run of ``experiment`` (all experiments when None), newest first."""
     from mlflow import MlflowClient
 
+    from grpo_core.tracking.mlflow_run import quick_http
+
+    quick_http()
     client = MlflowClient(tracking_uri)
     if run_ids:
         runs = [client.get_run(run_id) for run_id in run_ids]

@@ -37,7 +37,7 @@ def tracking_uri(cfg) -> str:
     return cfg.tracking.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
 
 
-def _quick_http() -> None:
+def quick_http() -> None:
     """MLflow's REST client retries 7 times with backoff by default (minutes against a dead server)."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
@@ -45,7 +45,7 @@ def _quick_http() -> None:
 
 class MlflowRun:
     def __init__(self, tracking_uri: str, run_id: str, pending_file: Path | None = None, retry_s: float = 15.0):
-        _quick_http()
+        quick_http()
         from mlflow import MlflowClient
 
         self.client = MlflowClient(tracking_uri)
@@ -58,7 +58,7 @@ class MlflowRun:
     @classmethod
     def create(cls, tracking_uri: str, experiment: str, run_name: str, tags: dict[str, str] | None = None, **kw):
         """A new run in ``experiment`` (created if missing). Needs the server: fails loudly if it is down."""
-        _quick_http()
+        quick_http()
         from mlflow import MlflowClient
 
         client = MlflowClient(tracking_uri)

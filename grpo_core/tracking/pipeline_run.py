@@ -14,7 +14,7 @@ from pathlib import Path
 from grpo_core.config.load import to_flat_dict, to_yaml
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.tracking import METRICS_FILE
-from grpo_core.tracking.mlflow_run import MlflowRun, tracking_uri
+from grpo_core.tracking.mlflow_run import MlflowRun, quick_http, tracking_uri
 from grpo_core.tracking.plots import plot_run
 
 KEY_TAG = "grpo.pipeline_key"
@@ -46,6 +46,7 @@ def open_pipeline_run(cfg: GRPOConfig, key: str, tags: dict[str, str], local_dir
     """The pipeline's MLflow run: the unfinished or finished one with this key, else a new one."""
     from mlflow import MlflowClient
 
+    quick_http()  # a server that is down fails the pipeline in seconds, not after minutes of retries
     t, uri = cfg.trainer, tracking_uri(cfg)
     pending = local_dir / "mlflow_pending.jsonl"
     client = MlflowClient(uri)
