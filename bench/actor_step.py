@@ -1,11 +1,19 @@
-"""Throughput of the Megatron actor's GRPO update on GPUs (random weights of a real architecture).
+"""Training-step throughput per GPU: the Megatron actor vs a plain Hugging Face training step, random weights.
 
-    torchrun --standalone --nproc-per-node 2 bench/actor_step.py --model Qwen/Qwen2.5-1.5B --tp 2
+    torchrun --standalone --nproc-per-node 2 bench/actor_step.py --model Qwen/Qwen2.5-7B --tp 2
+    python bench/actor_step.py --impl hf --model Qwen/Qwen2.5-7B --batch 4
 
-Measures old-log-prob forward and the full update (forward + backward + distributed Adam step) on a
-synthetic batch with no padding; prints a table last and writes JSON to --out. Tokens/s are per GPU:
-tokens of the batch / seconds / GPUs. FLOPs per token = 6 N + 6 L h s (causal attention), as in
-../shared/notes/gpu-baseline.md, so the figures sit next to its table.
+Same model config, same batch (``--batch`` rows per data-parallel rank of ``--seq`` tokens, no padding),
+bf16. Phases, each the mean of ``--steps`` after ``--warmup``:
+- fwd+bwd: megatron: the GRPO loss (log-probs of the last ``--response`` tokens from the vocab-parallel
+  logits, clipped policy loss, low-var KL) and its backward, gradients reduced over DP, no optimizer step;
+  HF: ``model(input_ids, labels=input_ids).loss.backward()`` per micro-batch (SDPA attention), the usual
+  training step.
+- update: fwd+bwd plus the optimizer (megatron: fp32 master weights, distributed Adam, grad clipping;
+  HF: ``torch.optim.AdamW(fused=True)`` on the bf16 parameters).
+- log-prob (megatron only): the forward-only old/ref log-prob pass.
+Tokens/s are per GPU; FLOPs per token = 6 N + 6 L h s (causal attention), as in
+../shared/notes/gpu-baseline.md. Writes JSON to ``--out``; prints a table row last.
 """
 
 import argparse
@@ -13,14 +21,6 @@ import json
 import time
 
 import torch
-import torch.distributed as dist
-
-from grpo_core.actor.actor import ActorSettings, MegatronActor
-from grpo_core.actor.loss import LossSettings
-from grpo_core.actor.parallel import init_distributed, init_model_parallel
-from grpo_core.data.batch import RolloutBatch
-from grpo_core.models.shape import load_model_shape
-from grpo_core.planning.layout import ParallelLayout
 
 
 def synchronize() -> None:
@@ -28,40 +28,64 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def timed(fn, repeats: int) -> float:
-    synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
+def timed(fn, warmup: int, steps: int) -> float:
+    for _ in range(warmup):
         fn()
     synchronize()
-    return (time.perf_counter() - start) / repeats
+    start = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    synchronize()
+    return (time.perf_counter() - start) / steps
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", default="Qwen/Qwen2.5-1.5B")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--response", type=int, default=896)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--no-sequence-parallel", action="store_true")
-    p.add_argument("--out", default="actor_step.json")
-    args = p.parse_args()
+KERNEL_KINDS = {
+    "gemm": ("gemm", "cutlass", "xmma", "nvjet", "cublas"),
+    "attention": ("flash", "fmha", "attention", "efficient"),
+    "nccl": ("nccl",),
+}
+
+
+def kernel_breakdown(fn) -> dict:
+    """GPU time of one call of ``fn`` by kind of kernel (ms), the kernel count and the wall time (ms):
+    what the step is bound by. Whatever is not GEMM, attention or NCCL is element-wise work and copies."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        fn()
+        synchronize()
+        wall = time.perf_counter() - start
+    out = dict.fromkeys([*KERNEL_KINDS, "other"], 0.0) | {"kernels": 0, "wall": wall * 1e3}
+    for event in prof.key_averages():
+        ms = event.self_device_time_total / 1e3
+        if ms <= 0:
+            continue
+        kind = next((k for k, marks in KERNEL_KINDS.items() if any(m in event.key.lower() for m in marks)), "other")
+        out[kind] += ms
+        out["kernels"] += event.count
+    return out
+
+
+def megatron_phases(args, shape) -> tuple[dict, int, int]:
+    import torch.distributed as dist
+
+    from grpo_core.actor.actor import ActorSettings, MegatronActor
+    from grpo_core.actor.loss import LossSettings
+    from grpo_core.actor.parallel import init_distributed, init_model_parallel
+    from grpo_core.data.batch import RolloutBatch
+    from grpo_core.planning.layout import ParallelLayout
 
     init_distributed()
     world = dist.get_world_size()
     layout = ParallelLayout(world_size=world, tp=args.tp, pp=args.pp)
     init_model_parallel(layout, seed=1)
-    shape = load_model_shape(args.model)
     rows = args.batch * layout.dp
     settings = ActorSettings(
         layout=layout,
-        dtype=args.dtype,
+        dtype="bfloat16",
         sequence_parallel=not args.no_sequence_parallel,
         lr=1e-6,
         mini_batch_rows=rows,
@@ -79,46 +103,101 @@ def main() -> None:
     )
     log_probs, _ = policy.compute_log_prob(batch)
     batch.old_log_probs = batch.ref_log_probs = log_probs
+    phases = {"fwd_bwd": timed(lambda: policy.forward_backward(batch), args.warmup, args.steps)}
+    if not args.skip_update:
+        phases["update"] = timed(lambda: policy.update(batch), args.warmup, args.steps)
+    phases["log_prob"] = timed(lambda: policy.compute_log_prob(batch), 1, args.steps)
+    if args.profile:
+        phases["breakdown"] = kernel_breakdown(lambda: policy.forward_backward(batch))
+    return phases, rows, world
 
-    for _ in range(args.warmup):
-        policy.update(batch)
-    t_update = timed(lambda: policy.update(batch), args.steps)
-    t_logprob = timed(lambda: policy.compute_log_prob(batch), args.steps)
 
+def hf_phases(args) -> tuple[dict, int, int]:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from grpo_core.models.known_configs import find_known_config
+
+    known = dict(find_known_config(args.model))
+    config = AutoConfig.for_model(known.pop("model_type"), **known)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model.train()
+    ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), device="cuda")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+
+    def fwd_bwd():  # gradient accumulation over micro-batches, as a Trainer does
+        model.zero_grad(set_to_none=True)
+        for micro in ids.split(args.micro_batch):
+            model(input_ids=micro, labels=micro).loss.backward()
+
+    def update():
+        fwd_bwd()
+        optimizer.step()
+
+    phases = {"fwd_bwd": timed(fwd_bwd, args.warmup, args.steps)}
+    if not args.skip_update:
+        phases["update"] = timed(update, args.warmup, args.steps)
+    if args.profile:
+        phases["breakdown"] = kernel_breakdown(fwd_bwd)
+    return phases, args.batch, 1
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--impl", choices=("megatron", "hf"), default="megatron")
+    p.add_argument("--model", default="Qwen/Qwen2.5-1.5B")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--batch", type=int, default=8, help="rows per data-parallel rank")
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--response", type=int, default=896)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--no-sequence-parallel", action="store_true")
+    p.add_argument("--skip-update", action="store_true", help="no optimizer (a model too big for its states)")
+    p.add_argument("--profile", action="store_true", help="also break one fwd+bwd down by kernel kind")
+    p.add_argument("--label", default="", help="a note for the table (e.g. what was switched off)")
+    p.add_argument("--out", default="actor_step.json")
+    args = p.parse_args()
+
+    from grpo_core.models.shape import load_model_shape
+
+    shape = load_model_shape(args.model)
+    phases, rows, gpus = megatron_phases(args, shape) if args.impl == "megatron" else hf_phases(args)
+    breakdown = phases.pop("breakdown", None)
     tokens = rows * args.seq
     flops_per_token = 6 * shape.active_params + 6 * shape.num_layers * shape.hidden_size * args.seq
-    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
     result = {
+        "impl": args.impl,
+        "label": args.label,
         "model": args.model,
-        "gpus": world,
-        "tp": args.tp,
-        "pp": args.pp,
-        "dp": layout.dp,
-        "dtype": args.dtype,
-        "sequence_parallel": not args.no_sequence_parallel,
-        "batch_per_dp": args.batch,
+        "gpus": gpus,
+        "tp": args.tp if args.impl == "megatron" else 1,
+        "sequence_parallel": args.impl == "megatron" and args.tp > 1 and not args.no_sequence_parallel,
+        "rows": rows,
         "seq": args.seq,
-        "update_s": t_update,
-        "log_prob_s": t_logprob,
-        "update_tokens_per_s_per_gpu": tokens / t_update / world,
-        "update_tflops_per_gpu": tokens * flops_per_token / t_update / world / 1e12,
-        "log_prob_tokens_per_s_per_gpu": tokens / t_logprob / world,
-        "peak_mem_gib": peak,
+        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "fwd_bwd_kernel_ms": breakdown,
     }
-    if dist.get_rank() == 0:
+    for phase, seconds in phases.items():
+        result[f"{phase}_s"] = seconds
+        result[f"{phase}_tokens_per_s_per_gpu"] = tokens / seconds / gpus
+        if phase != "log_prob":  # 6 N + 6 L h s counts a backward; a forward-only pass does a third of it
+            result[f"{phase}_tflops_per_gpu"] = tokens * flops_per_token / seconds / gpus / 1e12
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    if rank == 0:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
-        print("| model | GPUs (TP) | batch x seq | phase | tokens/s per GPU | TFLOP/s per GPU | peak GiB |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+        cells = [f"{result.get(f'{p}_tokens_per_s_per_gpu', 0):,.0f}" for p in ("fwd_bwd", "update", "log_prob")]
         print(
-            f"| {args.model} | {world} (TP={args.tp}) | {rows} x {args.seq} | update (fwd+bwd+Adam) | "
-            f"{result['update_tokens_per_s_per_gpu']:,.0f} | {result['update_tflops_per_gpu']:.0f} | {peak:.1f} |"
+            f"| {args.impl} {args.label} | {args.model} | {gpus} (TP={result['tp']}) | {rows} x {args.seq} | "
+            f"{' | '.join(cells)} | {result['fwd_bwd_tflops_per_gpu']:.0f} | {result['peak_mem_gib']:.1f} |"
         )
-        print(
-            f"| {args.model} | {world} (TP={args.tp}) | {rows} x {args.seq} | log-prob forward | "
-            f"{result['log_prob_tokens_per_s_per_gpu']:,.0f} | | |"
-        )
-    dist.destroy_process_group()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@
 set -euo pipefail
 model=$1 data=$2 out=$3
 mkdir -p "$out"
-python3 bench/random_tp2_model.py "$model" "$out/model_tp2"
+python3 bench/random_hf_model.py --model "$model" --heads 12 4 "$out/model_tp2"
 python3 -m grpo_core.cli train --config configs/smollm2_gsm8k_gpu.yaml \
   actor_rollout_ref.model.path="$out/model_tp2" data.train_files="[$data/train.parquet]" \
   data.val_files="[$data/test.parquet]" trainer.default_local_dir="$out/run" trainer.resume_mode=disable \

@@ -7,7 +7,7 @@
 set -euo pipefail
 src=$1 data=$2 out=$3
 mkdir -p "$out"
-python3 bench/random_tp2_model.py "$src" "$out/model"
+python3 bench/random_hf_model.py --model "$src" --heads 12 4 "$out/model"
 run() {  # name, overrides...
   name=$1; shift
   python3 -m grpo_core.cli train --config configs/smollm2_gsm8k_gpu.yaml actor_rollout_ref.model.path="$out/model" \

@@ -111,3 +111,45 @@ def test_settings_come_from_verl_keys():
     assert s["recompute"] is False  # the YAML sets recompute_granularity itself, via override_transformer_config
     assert s["transformer_overrides"]["recompute_granularity"] == "full"
     assert s["loss"]["kl_loss_coef"] == 0.02 and s["loss"]["clip_ratio_high"] == 0.28
+
+
+@pytest.mark.parametrize("vocab_size", [50, 47], ids=["full", "padded"])
+def test_log_probs_and_entropy_match_autograd_reference(vocab_size):
+    """Values and gradients (log-prob and entropy terms) against log_softmax, on one rank; columns past
+    ``vocab_size`` (TP padding) must count for nothing."""
+    from megatron.core import parallel_state as ps
+
+    from grpo_core.actor.logprobs import log_probs_and_entropy
+    from grpo_core.actor.parallel import init_distributed, init_model_parallel
+    from grpo_core.planning.layout import ParallelLayout
+
+    init_distributed()  # one process: a loopback gloo group, TP = 1
+    init_model_parallel(ParallelLayout(world_size=1), seed=0)
+    try:
+        _check_log_probs_against_reference(log_probs_and_entropy, vocab_size)
+    finally:
+        ps.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
+def _check_log_probs_against_reference(log_probs_and_entropy, vocab_size: int) -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 50, dtype=torch.float64) * 3
+    logits[..., vocab_size:] = 7.0  # padding columns with large logits: a leak would show
+    labels = torch.randint(0, vocab_size, (3, 5))
+    g_lp, g_ent = torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+
+    ours = logits.clone().requires_grad_()
+    lp, ent = log_probs_and_entropy(ours, labels, vocab_size, entropy_grad=True)
+    ((lp * g_lp).sum() + (ent * g_ent).sum()).backward()
+
+    ref = logits.clone().requires_grad_()
+    log_p = torch.log_softmax(ref[..., :vocab_size], -1)
+    ref_lp = log_p.gather(-1, labels[..., None])[..., 0]
+    ref_ent = -(log_p.exp() * log_p).sum(-1)
+    ((ref_lp * g_lp).sum() + (ref_ent * g_ent).sum()).backward()
+
+    torch.testing.assert_close(lp.double(), ref_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent.double(), ref_ent, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.grad, ref.grad, atol=1e-5, rtol=0)  # zero at the padding columns
+    assert torch.equal(ours.detach(), logits)  # the caller's logits are not written over

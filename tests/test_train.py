@@ -170,6 +170,28 @@ def test_megatron_engine_trains_and_validates(tmp_path, capitals, tp):
         assert m["response/length_mean"] > 0 and m["timing/sync"] < 0.1, m  # no weights to gather
 
 
+def test_static_engine_starts_from_the_actors_weights(tmp_path, capitals):
+    """rollout.name=static starts empty and takes the actor's weights before validation (TP=2 actor, an
+    engine per rank); after every update its log-probs are again the actor's."""
+    model = tiny_model_dir(tmp_path / "model")
+    run = tmp_path / "run"
+    result = grpo_train(
+        run,
+        *base_overrides(model, capitals, 2),
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.name=static",
+        "actor_rollout_ref.rollout.max_num_seqs=32",
+        "trainer.val_before_train=true",
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = metrics(run)
+    assert [m["step"] for m in rows] == [0, 1, 2]
+    assert rows[0]["val/response_length_mean"] > 0
+    for m in rows[1:]:
+        assert m["rollout/log_prob_diff_max"] < 1e-3, m
+
+
 def test_missing_data_is_one_line_and_exit_2(tmp_path, capitals):
     model = tiny_model_dir(tmp_path / "model")
     result = grpo_train(tmp_path / "run", *base_overrides(model, capitals, 1), "data.train_files=[/no/such.parquet]")

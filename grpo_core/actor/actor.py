@@ -137,7 +137,11 @@ class MegatronActor:
     def _wrap_for_training(self) -> None:
         s = self.s
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=s.use_distributed_optimizer
+            grad_reduce_in_fp32=True,
+            # with data parallelism, each bucket's reduce-scatter starts as soon as its gradients are ready,
+            # under the rest of the last micro-batch's backward
+            overlap_grad_reduce=s.layout.dp > 1,
+            use_distributed_optimizer=s.use_distributed_optimizer,
         )
         self.model = [
             DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=chunk) for chunk in self.model
@@ -288,6 +292,18 @@ class MegatronActor:
         return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
 
     def _optimizer_step(self, mini: RolloutBatch) -> dict[str, float]:
+        outputs = self.forward_backward(mini)
+        _, grad_norm, _ = self.optimizer.step()
+        self.scheduler.step(increment=1)
+        metrics = self._reduce_metrics(outputs)
+        metrics["actor/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")  # nan: skipped
+        if self.s.dtype == "float16":
+            metrics["actor/loss_scale"] = float(self.optimizer.get_loss_scale())
+        metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        return metrics
+
+    def forward_backward(self, mini: RolloutBatch) -> list[dict]:
+        """The GRPO loss's gradients for one mini-batch, reduced over DP, in the grad buffers (no step)."""
         local = self._dp_slice(mini).to(device())
         micro = local.split(self.s.micro_batch_rows)
         entropy_grad = self.s.loss.entropy_coeff != 0
@@ -308,15 +324,7 @@ class MegatronActor:
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        outputs = self._run(micro, step, forward_only=False)
-        _, grad_norm, _ = self.optimizer.step()
-        self.scheduler.step(increment=1)
-        metrics = self._reduce_metrics(outputs)
-        metrics["actor/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")  # nan: skipped
-        if self.s.dtype == "float16":
-            metrics["actor/loss_scale"] = float(self.optimizer.get_loss_scale())
-        metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
-        return metrics
+        return self._run(micro, step, forward_only=False)
 
     # ---- offload ----------------------------------------------------------------------------------
 

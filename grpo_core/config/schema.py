@@ -142,7 +142,11 @@ class ValKwargs:
 
 @dataclass
 class RolloutConfig:
-    name: str = setting("vllm", "generation engine", ("vllm", "hf", "megatron"))
+    name: str = setting(
+        "vllm",
+        "generation engine (static: ours, a static KV cache replayed as CUDA graphs)",
+        ("vllm", "hf", "megatron", "static"),
+    )
     n: int = setting(5, "responses per prompt: the GRPO group size (guide spelling: algorithm.group_size)")
     temperature: float = setting(1.0, "sampling temperature")
     top_p: float = setting(1.0, "nucleus sampling")
@@ -152,7 +156,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = setting(0.5, "share of GPU memory the engine may take (weights + KV)")
     max_num_batched_tokens: int = setting(8192, "engine's token budget per scheduler step")
     max_num_seqs: int = setting(
-        256, "engine's most concurrent sequences (megatron: rows per forward, sizing its preallocated KV cache)"
+        256, "engine's most concurrent sequences (megatron, static: rows per forward, sizing the preallocated KV cache)"
     )
     enforce_eager: bool = setting(False, "disable CUDA graphs in the engine")
     free_cache_engine: bool = setting(True, "release the KV cache during the update (sleep/wake)")

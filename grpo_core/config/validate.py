@@ -31,12 +31,9 @@ LAYOUT_KEYS = [
     ("expert_tensor_parallel_size", "expert tensor parallel size"),
 ]
 
-FUSIONS_NEEDING_KERNELS = {
-    "gradient_accumulation_fusion": ("transformer_engine", "apex"),
-    "apply_rope_fusion": ("transformer_engine",),
-    "bias_dropout_fusion": ("transformer_engine", "apex"),
-}
-"""Kernel-fusion flags that megatron refuses at start-up without one of these packages."""
+FUSIONS_NEEDING_KERNELS = {"bias_dropout_fusion": ("transformer_engine", "apex")}
+"""Kernel-fusion flags that megatron refuses at start-up without one of these packages (RoPE, SwiGLU and
+gradient-accumulation fusion are on by default on GPUs, served by torch: models/fused.py)."""
 
 
 @dataclass
@@ -211,8 +208,15 @@ def _check_layout(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
         )
     elif rtp > cfg.trainer.n_gpus_per_node:
         r.warnings.append(f"rollout TP={rtp} spans nodes: generation all-reduces will cross the network")
-    if rollout.name == "hf" and rtp != 1:
-        r.errors.append(f"rollout.name=hf generates on one device per rank: rollout TP must be 1, not {rtp}")
+    if rollout.name in ("hf", "static") and rtp != 1:
+        r.errors.append(
+            f"rollout.name={rollout.name} generates on one device per rank: rollout TP must be 1, not {rtp}"
+        )
+    if rollout.name == "static" and (shape.is_moe or shape.rope_scaling_factor or shape.model_type == "mistral"):
+        r.errors.append(
+            f"rollout.name=static runs dense Llama/Qwen2/Qwen3 without RoPE scaling, not this {shape.model_type}: "
+            "use rollout.name=vllm or hf"
+        )
     if rollout.name == "megatron":
         _check_megatron_rollout(cfg, layout, r)
     needs_ordering = cfg.trainer.device == "cuda" and (layout.tp > 1 or layout.cp > 1)
@@ -273,6 +277,7 @@ def estimate_memory(cfg: GRPOConfig, shape: ModelShape) -> MemoryEstimate:
         rollout_dtype=rollout.dtype,
         free_cache_engine=rollout.free_cache_engine,
         log_prob_micro_batch=rollout.log_prob_micro_batch_size_per_gpu,
+        static_sequences=rollout.max_num_seqs if rollout.name == "static" else None,
     )
 
 

@@ -157,8 +157,8 @@ def _training_remedies(cfg: GRPOConfig) -> str:
     return (
         f"more work per kernel: raise ppo_micro_batch_size_per_gpu (now {actor.ppo_micro_batch_size_per_gpu}) or "
         f"accumulate more micro-batches per step (ppo_mini_batch_size now {actor.ppo_mini_batch_size}); "
-        f"trainer.env.CUDA_DEVICE_MAX_CONNECTIONS=1 (now {connections}); fused kernels: "
-        f"{prefix}gradient_accumulation_fusion=true, {prefix}bias_dropout_fusion=true (Transformer Engine or Apex)"
+        f"trainer.env.CUDA_DEVICE_MAX_CONNECTIONS=1 (now {connections}); RoPE, SwiGLU, RMSNorm and "
+        f"gradient-accumulation fusion are on by default on GPUs ({prefix}<flag>=false turns one off)"
     )
 
 

@@ -24,6 +24,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from grpo_core.models.fused import fusion_flags
 from grpo_core.models.shape import ModelShape
 from grpo_core.models.spec import final_norm, gpt_layer_spec
 from grpo_core.models.weights import (
@@ -74,6 +75,7 @@ def transformer_config(
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r}: choose one of {list(RECOMPUTE)}")
     torch_dtype = DTYPES[dtype]
+    overrides = dict(overrides or {})
     kwargs = dict(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
@@ -118,7 +120,7 @@ def transformer_config(
             moe_router_load_balancing_type="none",  # no aux loss: the forward stays exactly HF's
             moe_aux_loss_coeff=0.0,
         )
-    overrides = dict(overrides or {})
+    kwargs.update(fusion_flags(overrides))  # GPU kernels in place of TE/Apex's (models/fused.py)
     known = {f.name for f in dataclasses.fields(TransformerConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:

@@ -11,6 +11,9 @@ megatron-core 0.16 and 0.19, and taking them from megatron keeps both working) a
 - every norm (input, pre-MLP, final, Q/K) with ``RMSNorm``, which computes in fp32 like Hugging Face
   and marks its weight for the sequence-parallel gradient all-reduce.
 
+On GPUs the RMSNorm is one compiled kernel each way (models/fused.py, with the other kernels megatron
+would take from Transformer Engine or Apex).
+
 With Transformer Engine installed (and ``use_te`` not False) megatron's TE spec is used instead.
 """
 
@@ -27,6 +30,7 @@ from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from grpo_core.models import fused
 from grpo_core.models.shape import ModelShape
 
 if not hasattr(moe_utils, "te_general_gemm"):
@@ -103,9 +107,7 @@ class RMSNorm(torch.nn.Module):
         self.weight.sequence_parallel = config.sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return fused.rms_norm(x, self.weight, self.eps)
 
 
 class SDPAttention(MegatronModule):

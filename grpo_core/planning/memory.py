@@ -22,7 +22,7 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 GRAD_BYTES = 4  # megatron accumulates and reduces gradients in fp32 ("main_grad")
 ADAM_BYTES = 8  # exp_avg + exp_avg_sq in fp32
 MASTER_BYTES = 4  # fp32 master weights, when training in 16-bit
-LOGIT_BYTES = 10  # per vocab entry and token: 16-bit logits, fp32 copy, fp32 softmax for backward
+LOGIT_BYTES = 6  # per vocab entry and token: 16-bit logits and, in backward, their gradient twice (actor/logprobs.py)
 KV_BYTES = 2
 
 
@@ -123,14 +123,27 @@ def training_state_gib(shape: ModelShape, layout: ParallelLayout, opts: MemoryOp
     return params * wbytes / GiB, params * GRAD_BYTES / GiB, optimizer / GiB
 
 
-def rollout_gib(shape: ModelShape, rollout_tp: int, dtype: str, seq_len: int, gpu_gib: float, utilization: float):
-    """(weights, KV-cache budget, full-length sequences that fit) of the rollout engine on one GPU."""
+def rollout_gib(
+    shape: ModelShape,
+    rollout_tp: int,
+    dtype: str,
+    seq_len: int,
+    gpu_gib: float,
+    utilization: float,
+    static_sequences: int | None = None,
+):
+    """(weights, KV-cache budget, full-length sequences that fit) of the rollout engine on one GPU.
+
+    vLLM takes ``utilization`` of the GPU and fills what its weights leave with KV cache; an engine with a
+    static cache (``static_sequences``: rollout.max_num_seqs) holds exactly that many full-length sequences.
+    """
     weights = shape.num_params * DTYPE_BYTES[dtype] / rollout_tp / GiB
-    budget = max(gpu_gib * utilization - weights, 0.0)
     kv_heads = max(shape.num_kv_heads / rollout_tp, 1)
     kv_per_token = 2 * shape.num_layers * kv_heads * shape.head_dim * KV_BYTES
-    sequences = budget * GiB / (kv_per_token * seq_len)
-    return weights, budget, sequences
+    if static_sequences is not None:
+        return weights, static_sequences * seq_len * kv_per_token / GiB, float(static_sequences)
+    budget = max(gpu_gib * utilization - weights, 0.0)
+    return weights, budget, budget * GiB / (kv_per_token * seq_len)
 
 
 def estimate_grpo_memory(
@@ -147,13 +160,16 @@ def estimate_grpo_memory(
     rollout_dtype: str = "bfloat16",
     free_cache_engine: bool = True,
     log_prob_micro_batch: int | None = None,
+    static_sequences: int | None = None,
 ) -> MemoryEstimate:
     weights, grads, optimizer = training_state_gib(shape, layout, opts)
     acts = activation_gib(shape, layout, micro_batch, seq_len, opts)
     logits = logits_gib(shape, layout, micro_batch, seq_len)
     reference = weights if with_reference else 0.0
-    r_weights, kv, kv_seqs = rollout_gib(shape, rollout_tp, rollout_dtype, seq_len, gpu_gib, rollout_utilization)
-    rollout = gpu_gib * rollout_utilization
+    r_weights, kv, kv_seqs = rollout_gib(
+        shape, rollout_tp, rollout_dtype, seq_len, gpu_gib, rollout_utilization, static_sequences
+    )
+    rollout = r_weights + kv if static_sequences is not None else gpu_gib * rollout_utilization
 
     offloaded = [
         name
@@ -168,7 +184,8 @@ def estimate_grpo_memory(
         offloaded.append("reference")
     resident = (0 if opts.param_offload else weights) + (0 if opts.grad_offload else grads) + optimizer
     ref_resident = 0 if ref_offload else reference
-    asleep = 0 if free_cache_engine else rollout
+    # asleep, vLLM frees everything; the static engine keeps its weights and frees the cache
+    asleep = (r_weights if static_sequences is not None else 0) if free_cache_engine else rollout
     lp_mb = log_prob_micro_batch or micro_batch
     # Forward only: one layer's activations at a time, plus the micro-batch's logits.
     lp_acts = activation_bytes_per_token_layer(shape, layout, seq_len, opts) * lp_mb * seq_len / layout.cp / GiB

@@ -54,7 +54,20 @@ def build_engine(cfg, shape, model_dir: str, tokenizer, actor=None) -> RolloutEn
             max_sequence_length=cfg.data.max_prompt_length + cfg.data.max_response_length,
             max_batch_size=r.max_num_seqs,
         )
-    raise ValueError(f"rollout engine {r.name!r} is not available; use vllm, hf or megatron")
+    if r.name == "static":
+        from grpo_core.rollout.hf import load_generation_config, stop_ids
+        from grpo_core.rollout.static import StaticEngine
+
+        return StaticEngine(  # starts without weights: the trainer pushes the actor's before the first rollout
+            shape,
+            stop_ids(tokenizer, load_generation_config(model_dir, trust)),
+            dtype=r.dtype,
+            device=f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu",
+            max_batch_size=r.max_num_seqs,
+            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+            cuda_graphs=not r.enforce_eager,
+        )
+    raise ValueError(f"rollout engine {r.name!r} is not available; use vllm, hf, megatron or static")
 
 
 __all__ = ["Generation", "RolloutEngine", "SamplingSettings", "build_engine", "to_rollout_batch"]

@@ -13,6 +13,9 @@ import torch
 
 from grpo_core.data.batch import RolloutBatch
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""``rollout.dtype`` names: the engines' weight dtypes."""
+
 
 @dataclass
 class SamplingSettings:
@@ -71,6 +74,28 @@ class Generation:
             raise ValueError("response_ids, response_log_probs, finish_reasons and group_index differ in length")
         if any(len(ids) != len(lp) for ids, lp in zip(self.response_ids, self.response_log_probs, strict=True)):
             raise ValueError("each response needs exactly one log-prob per token")
+
+
+def generate_in_chunks(
+    prompt_ids: list[list[int]], settings: SamplingSettings, per_chunk: int, device: torch.device, generate_chunk
+) -> Generation:
+    """Prompts ``per_chunk`` at a time through ``generate_chunk(prompts, settings) -> (responses, log-probs,
+    finish reasons)``, grouped by prompt, under ``settings.seed`` when one is given."""
+    if any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("every prompt needs at least one token")
+    gen = Generation.empty(prompt_ids)
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, enabled=settings.seed is not None):
+        if settings.seed is not None:
+            torch.manual_seed(settings.seed)
+        for start in range(0, len(prompt_ids), per_chunk):
+            chunk = prompt_ids[start : start + per_chunk]
+            responses, log_probs, reasons = generate_chunk(chunk, settings)
+            gen.response_ids += responses
+            gen.response_log_probs += log_probs
+            gen.finish_reasons += reasons
+            gen.group_index += [start + i for i in range(len(chunk)) for _ in range(settings.n)]
+    return gen
 
 
 class RolloutEngine(Protocol):

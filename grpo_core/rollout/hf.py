@@ -13,11 +13,9 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
-from grpo_core.rollout.base import Generation, SamplingSettings
+from grpo_core.rollout.base import DTYPES, Generation, SamplingSettings, generate_in_chunks
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ModelLoadError(Exception):
@@ -169,22 +167,8 @@ class HFEngine:
 
     def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> Generation:
         """Prompts go in chunks of at most ``max_batch_size`` sequences (at least one prompt each)."""
-        if any(len(p) == 0 for p in prompt_ids):
-            raise ValueError("every prompt needs at least one token")
         per_chunk = max(1, self.max_batch_size // settings.n)
-        gen = Generation.empty(prompt_ids)
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices, enabled=settings.seed is not None):
-            if settings.seed is not None:
-                torch.manual_seed(settings.seed)
-            for start in range(0, len(prompt_ids), per_chunk):
-                chunk = prompt_ids[start : start + per_chunk]
-                responses, log_probs, reasons = self._generate_chunk(chunk, settings)
-                gen.response_ids += responses
-                gen.response_log_probs += log_probs
-                gen.finish_reasons += reasons
-                gen.group_index += [start + i for i in range(len(chunk)) for _ in range(settings.n)]
-        return gen
+        return generate_in_chunks(prompt_ids, settings, per_chunk, self.device, self._generate_chunk)
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -83,7 +83,8 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
         resume_from = checkpoints.resolve_resume(cfg.trainer.resume_mode)
         if resume_from is not None:
             start_step = checkpoints.load(resume_from, actor)["step"]
-            sync_weights(actor, engine, shape, cfg)  # the engine still has the initial weights
+        if resume_from is not None or arr.rollout.name == "static":
+            sync_weights(actor, engine, shape, cfg)  # the engine has the initial weights, or none (static)
         trainer_state = {
             "hf_config": json.loads((model_dir / "config.json").read_text()),
             "dtype": settings.dtype,

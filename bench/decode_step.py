@@ -1,0 +1,83 @@
+"""The static engine's decode step on one GPU: milliseconds per step with and without CUDA graphs, and,
+eagerly, one step's kernel time by kind; then the sampler alone on the same logits shape.
+
+    python bench/decode_step.py --model Qwen/Qwen2.5-1.5B --rows 512 2048
+
+Random weights (N(0, 0.02)), n = 8, 64-192-token prompts. A step's time is the difference between a
+128-token and a 2-token generation over 126 steps, so prefill drops out.
+"""
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from grpo_core.models.known_configs import find_known_config
+from grpo_core.models.shape import ModelShape
+from grpo_core.rollout.base import SamplingSettings
+from grpo_core.rollout.static import StaticEngine, _sample_compiled, sample
+
+
+def seconds(fn, *args, repeats: int = 1) -> float:
+    """Mean seconds per call of ``fn(*args)``."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn(*args)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="Qwen/Qwen2.5-1.5B")
+    p.add_argument("--rows", type=int, nargs="+", default=[512, 2048])
+    args = p.parse_args()
+    shape = ModelShape.from_hf_config(dict(find_known_config(args.model)))
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(64, 193, (max(args.rows) // 8,), generator=g).tolist()
+    prompts = [torch.randint(0, shape.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    print("| rows | CUDA graphs | decode step ms | eager step: GEMM / other kernel ms |")
+    print("| --- | --- | --- | --- |")
+    for rows in args.rows:
+        for graphs in (True, False):
+            engine = StaticEngine(shape, [-1], "bfloat16", "cuda", rows, max_model_len=448, cuda_graphs=graphs)
+            with torch.no_grad():
+                for t in engine._params.values():
+                    t.normal_(0, 0.02)
+            chosen = prompts[: rows // 8]
+            engine.generate(chosen, SamplingSettings(n=8, max_new_tokens=128))  # capture, compile
+            short = seconds(engine.generate, chosen, SamplingSettings(n=8, max_new_tokens=2))
+            long = seconds(engine.generate, chosen, SamplingSettings(n=8, max_new_tokens=128))
+            kinds = ""
+            if not graphs:
+                st, step = next(v for k, v in engine._decoders.items() if k[:2] == (rows, 128))
+                st["step"].fill_(1), st["slot"].fill_(200), st["position"].fill_(100)
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(5):
+                        step()
+                    torch.cuda.synchronize()
+                gemm = other = 0.0
+                for ev in prof.key_averages():
+                    ms = ev.self_device_time_total / 1e3 / 5
+                    if any(m in ev.key.lower() for m in ("gemm", "cutlass", "xmma", "nvjet")):
+                        gemm += ms
+                    else:
+                        other += ms
+                kinds = f"{gemm:.1f} / {other:.1f}"
+            print(f"| {rows} | {graphs} | {(long - short) / 126 * 1e3:.1f} | {kinds} |")
+            del engine
+            torch.cuda.empty_cache()
+    temperature = torch.ones((), device="cuda")
+    print("\n| rows | sampler | ms per call |\n| --- | --- | --- |")
+    for rows in args.rows:
+        logits = torch.randn(rows, shape.vocab_size, device="cuda", dtype=torch.bfloat16)
+        for name, fn in (("eager", sample), ("compiled", _sample_compiled)):
+            seconds(fn, logits, temperature, False, -1, 1.0, repeats=3)  # compile, warm up
+            ms = seconds(fn, logits, temperature, False, -1, 1.0, repeats=10) * 1e3
+            print(f"| {rows} | {name} | {ms:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Whole GRPO steps with their phase breakdown (`grpo train`, static engine, random weights, GSM8K prompts).
+#   bash bench/grpo_step.sh TOKENIZER_DIR DATA_DIR OUT [7b]
+# TOKENIZER_DIR: any tokenizer whose ids fit the model (SmolLM2's; random weights never stop early, so
+# every response runs to 256 tokens). DATA_DIR: `grpo prepare` output. Runs Qwen2.5-1.5B at TP=1 on one
+# GPU and, with "7b", Qwen2.5-7B at TP=2 on two. Metrics under OUT/<run>/metrics.jsonl; a table last.
+# Models and checkpoints (tens of GB) go to WORK (default /tmp/bench-work), not OUT.
+set -uo pipefail
+tok=$1 data=$2 out=$3 big=${4:-} work=${WORK:-/tmp/bench-work}
+mkdir -p "$out" "$work"
+run() {  # name, model, overrides...
+  name=$1 model=$2; shift 2
+  [ -d "$work/$model" ] || python3 bench/random_hf_model.py --model "Qwen/$model" --tokenizer "$tok" "$work/$model"
+  python3 -m grpo_core.cli train --config configs/smollm2_gsm8k_gpu.yaml actor_rollout_ref.model.path="$work/$model" \
+    data.train_files="[$data/train.parquet]" data.val_files="[$data/test.parquet]" data.train_batch_size=64 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=32 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
+    actor_rollout_ref.rollout.name=static actor_rollout_ref.rollout.max_num_seqs=512 \
+    trainer.default_local_dir="$work/$name" trainer.resume_mode=disable trainer.total_training_steps=3 \
+    trainer.save_freq=-1 trainer.logger=[console] "$@" > "$out/$name.log" 2>&1 || echo "$name failed: $(tail -3 "$out/$name.log")"
+  mkdir -p "$out/$name" && cp "$work/$name/metrics.jsonl" "$out/$name/" 2>/dev/null
+}
+run qwen1.5b_tp1 Qwen2.5-1.5B
+if [ "$big" = 7b ]; then
+  run qwen7b_tp2 Qwen2.5-7B trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 actor_rollout_ref.rollout.max_num_seqs=256
+fi
+python3 - "$out" <<'PY'
+import json, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+phases = ("gen", "old_log_prob", "ref", "update", "sync", "step")
+print("| run | step | " + " | ".join(f"{p} s" for p in phases) + " | tokens/s/GPU | resp len | logprob diff max | peak GiB |")
+print("|" + " --- |" * (len(phases) + 6))
+for path in sorted(out.glob("*/metrics.jsonl")):
+    for r in (json.loads(line) for line in path.read_text().splitlines()):
+        if "timing/gen" in r:
+            print(f"| {path.parent.name} | {r['step']} | " + " | ".join(f"{r.get('timing/' + p, 0):.2f}" for p in phases)
+                  + f" | {r['perf/throughput']:,.0f} | {r['response/length_mean']:.0f} | "
+                  f"{r['rollout/log_prob_diff_max']:.2e} | {r.get('perf/max_memory_gib', 0):.1f} |")
+PY

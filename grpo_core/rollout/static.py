@@ -1,0 +1,382 @@
+"""Our own rollout engine: a static KV cache, one batched decode step, replayed as a CUDA graph.
+
+Why it exists: ``transformers.generate`` spends ~90 ms per decode step in Python and kernel launches
+whatever the batch (../shared/notes/gpu-baseline.md), vLLM is not installable everywhere, and
+megatron-core's dynamic engine needs flash-attn. A decode step here is a fixed sequence of kernels over
+preallocated buffers, so on a GPU it is captured once as a CUDA graph and replayed: one launch per
+token for the whole batch.
+
+How a ``generate`` call runs, per chunk of at most ``max_batch_size`` rows (whole prompts each):
+1. prefill each distinct prompt once (left-padded, SDPA with a causal + padding mask) and copy its
+   keys/values to the cache rows of its ``n`` samples;
+2. sample the first token from the prompt's last logits;
+3. replay the decode step: write the token's K/V at the next cache slot, attend over the cache
+   (grouped-query heads as they are), sample the next token, advance; every 32 steps stop early if
+   every row has met a stop token.
+
+It runs the dense Llama / Qwen2 / Qwen3 decoders the actor trains, from HF-named weights stored fused
+(QKV and gate/up each one matrix). ``update_weights`` copies into those buffers in place, so captured
+graphs stay valid. On a CPU (tests) the same step runs eagerly.
+"""
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from grpo_core.models.fused import rms_norm
+from grpo_core.models.shape import ModelShape
+from grpo_core.rollout.base import DTYPES, Generation, SamplingSettings, generate_in_chunks
+
+EARLY_STOP_EVERY = 32  # decode steps between checks (a host sync) that every row has stopped
+LENGTH_BUCKET = 128  # cache lengths attended to are rounded up to this, so few graphs are captured
+
+
+def sample(
+    logits: torch.Tensor, temperature: torch.Tensor, greedy: bool, top_k: int, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [b, V] -> (sampled token [b], its log-prob under the model at temperature 1 [b]).
+
+    Gumbel-max (argmax of log p + Gumbel noise is a sample from p) needs no host round trip, so it can be
+    captured in a CUDA graph. On GPUs this runs compiled: two passes over the logits instead of ~ten.
+    """
+    logits = logits.float()
+    if greedy:
+        token = logits.argmax(-1)
+    else:
+        scaled = logits / temperature
+        if top_k > 0:
+            kth = scaled.topk(top_k, dim=-1).values[:, -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if top_p < 1.0:
+            ordered, order = scaled.sort(dim=-1, descending=True)
+            probs = ordered.softmax(-1)
+            before = probs.cumsum(-1) - probs  # the mass of the tokens ranked above
+            scaled = scaled.scatter(-1, order, ordered.masked_fill(before > top_p, float("-inf")))
+        noise = torch.rand_like(scaled).clamp(min=1e-20, max=1.0 - 1e-7)
+        token = (scaled - (-noise.log()).log()).argmax(-1)
+    log_prob = logits.gather(-1, token.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+    return token, log_prob
+
+
+# fallback_random: the noise comes from torch's own generator (as in eager), which CUDA graphs can capture
+_sample_compiled = torch.compile(sample, options={"fallback_random": True})
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's ``apply_rotary_pos_emb`` (rotate-half): x [b, heads, s, d], cos/sin [b, 1, s, d] in x's dtype."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class StaticEngine:
+    """Implements ``RolloutEngine`` for dense Llama/Qwen2/Qwen3 models; weights come from ``update_weights``
+    (the trainer pushes the actor's) or ``load(model_dir)``."""
+
+    def __init__(
+        self,
+        shape: ModelShape,
+        stop_ids: list[int],
+        dtype: str = "bfloat16",
+        device: str = "cpu",
+        max_batch_size: int = 256,
+        max_model_len: int = 2048,
+        cuda_graphs: bool = True,
+    ) -> None:
+        if shape.is_moe or shape.rope_scaling_factor is not None or shape.model_type not in ("llama", "qwen2", "qwen3"):
+            raise NotImplementedError(
+                f"the static engine runs dense Llama/Qwen2/Qwen3 without RoPE scaling, not {shape.model_type}"
+                f"{' (MoE)' if shape.is_moe else ''}{' (RoPE scaling)' if shape.rope_scaling_factor else ''}: "
+                "use actor_rollout_ref.rollout.name=vllm or hf"
+            )
+        self.shape, self.stop_ids = shape, list(stop_ids)
+        self.dtype, self.device = DTYPES[dtype], torch.device(device)
+        self.max_batch_size, self.max_model_len = max_batch_size, max_model_len
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self._params = self._allocate_params()
+        self._targets = self._name_table()
+        inv_freq = 1.0 / shape.rope_theta ** (torch.arange(0, shape.head_dim, 2, dtype=torch.float32) / shape.head_dim)
+        freqs = torch.outer(torch.arange(max_model_len, dtype=torch.float32), inv_freq)
+        angles = torch.cat((freqs, freqs), dim=-1).to(self.device)  # [max_model_len, head_dim]
+        self._cos, self._sin = angles.cos(), angles.sin()
+        self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._decoders: dict[tuple, tuple[dict, object]] = {}  # (rows, new tokens, mode, length) -> (buffers, step)
+        self._pool = None
+
+    # ---- weights ----------------------------------------------------------------------------------
+
+    def _allocate_params(self) -> dict[str, torch.Tensor]:
+        s, kw = self.shape, dict(dtype=self.dtype, device=self.device)
+        qkv_rows = (s.num_attention_heads + 2 * s.num_kv_heads) * s.head_dim
+        p = {"embed": torch.zeros(s.vocab_size, s.hidden_size, **kw), "norm": torch.ones(s.hidden_size, **kw)}
+        p["lm_head"] = p["embed"] if s.tie_embeddings else torch.zeros(s.vocab_size, s.hidden_size, **kw)
+        for i in range(s.num_layers):
+            p[f"{i}.qkv"] = torch.zeros(qkv_rows, s.hidden_size, **kw)
+            if s.qkv_bias:
+                p[f"{i}.qkv_bias"] = torch.zeros(qkv_rows, **kw)
+            if s.qk_norm:
+                p[f"{i}.q_norm"] = torch.ones(s.head_dim, **kw)
+                p[f"{i}.k_norm"] = torch.ones(s.head_dim, **kw)
+            p[f"{i}.o"] = torch.zeros(s.hidden_size, s.num_attention_heads * s.head_dim, **kw)
+            p[f"{i}.gate_up"] = torch.zeros(2 * s.ffn_hidden_size, s.hidden_size, **kw)
+            p[f"{i}.down"] = torch.zeros(s.hidden_size, s.ffn_hidden_size, **kw)
+            p[f"{i}.input_norm"] = torch.ones(s.hidden_size, **kw)
+            p[f"{i}.post_norm"] = torch.ones(s.hidden_size, **kw)
+        return p
+
+    def _name_table(self) -> dict[str, torch.Tensor]:
+        """HF parameter name -> the view of our (fused) buffer it fills."""
+        s, p = self.shape, self._params
+        q, kv = s.num_attention_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        ffn = s.ffn_hidden_size
+        table = {"model.embed_tokens.weight": p["embed"], "model.norm.weight": p["norm"]}
+        table["lm_head.weight"] = p["lm_head"]
+        for i in range(s.num_layers):
+            hf = f"model.layers.{i}."
+            qkv = p[f"{i}.qkv"]
+            table |= {
+                hf + "self_attn.q_proj.weight": qkv[:q],
+                hf + "self_attn.k_proj.weight": qkv[q : q + kv],
+                hf + "self_attn.v_proj.weight": qkv[q + kv :],
+                hf + "self_attn.o_proj.weight": p[f"{i}.o"],
+                hf + "mlp.gate_proj.weight": p[f"{i}.gate_up"][:ffn],
+                hf + "mlp.up_proj.weight": p[f"{i}.gate_up"][ffn:],
+                hf + "mlp.down_proj.weight": p[f"{i}.down"],
+                hf + "input_layernorm.weight": p[f"{i}.input_norm"],
+                hf + "post_attention_layernorm.weight": p[f"{i}.post_norm"],
+            }
+            if s.qkv_bias:
+                bias = p[f"{i}.qkv_bias"]
+                table |= {
+                    hf + "self_attn.q_proj.bias": bias[:q],
+                    hf + "self_attn.k_proj.bias": bias[q : q + kv],
+                    hf + "self_attn.v_proj.bias": bias[q + kv :],
+                }
+            if s.qk_norm:
+                table[hf + "self_attn.q_norm.weight"] = p[f"{i}.q_norm"]
+                table[hf + "self_attn.k_norm.weight"] = p[f"{i}.k_norm"]
+        return table
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy each HF-named tensor into its slice of our buffers (in place: captured graphs stay valid)."""
+        for name, tensor in named_tensors:
+            target = self._targets.get(name)
+            if target is None:
+                if name.endswith("rotary_emb.inv_freq"):
+                    continue
+                raise KeyError(f"update_weights: the model has no parameter named {name!r}")
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"update_weights: {name} has shape {tuple(tensor.shape)}, the model expects {tuple(target.shape)}"
+                )
+            target.copy_(tensor, non_blocking=True)
+
+    def load(self, model_dir: str | Path) -> "StaticEngine":
+        """Weights from a HF safetensors checkpoint (for use outside the trainer, which pushes the actor's)."""
+        from grpo_core.models.weights import HFCheckpoint
+
+        with HFCheckpoint(model_dir) as ckpt:
+            names = [n for n in ckpt.files if not (self.shape.tie_embeddings and n == "lm_head.weight")]
+            self.update_weights((name, ckpt.full(name)) for name in names)
+        return self
+
+    # ---- memory -----------------------------------------------------------------------------------
+
+    def _kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self._cache is None:
+            s = self.shape
+            size = (self.max_batch_size, s.num_kv_heads, self.max_model_len, s.head_dim)
+            self._cache = [
+                (
+                    torch.zeros(size, dtype=self.dtype, device=self.device),
+                    torch.zeros(size, dtype=self.dtype, device=self.device),
+                )
+                for _ in range(s.num_layers)
+            ]
+        return self._cache
+
+    def sleep(self) -> None:
+        """Free the KV cache and the graphs (they hold its addresses); the weights stay."""
+        self._cache, self._decoders, self._pool = None, {}, None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        """Nothing to do: the cache is allocated, and graphs captured, at the next ``generate``."""
+
+    # ---- the model --------------------------------------------------------------------------------
+
+    def _attention_inputs(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [b, s, hidden] -> q [b, heads, s, d], k and v [b, kv_heads, s, d], rotated."""
+        s, p = self.shape, self._params
+        b, t, _ = x.shape
+        h = rms_norm(x, p[f"{i}.input_norm"], s.norm_eps)
+        qkv = F.linear(h, p[f"{i}.qkv"], p.get(f"{i}.qkv_bias"))
+        kv = s.num_kv_heads * s.head_dim
+        q, k, v = qkv.split([s.num_attention_heads * s.head_dim, kv, kv], -1)
+        q = q.view(b, t, s.num_attention_heads, s.head_dim).transpose(1, 2)
+        k = k.view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        v = v.view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        if s.qk_norm:
+            q, k = rms_norm(q, p[f"{i}.q_norm"], s.norm_eps), rms_norm(k, p[f"{i}.k_norm"], s.norm_eps)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+
+    def _finish_layer(self, i: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """attended [b, heads, s, d] -> the layer's output: o_proj, residual, SwiGLU MLP, residual."""
+        s, p = self.shape, self._params
+        b, _, t, _ = attended.shape
+        x = x + F.linear(attended.transpose(1, 2).reshape(b, t, -1), p[f"{i}.o"])
+        h = rms_norm(x, p[f"{i}.post_norm"], s.norm_eps)
+        gate, up = F.linear(h, p[f"{i}.gate_up"]).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, p[f"{i}.down"])
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [b, hidden] -> logits [b, vocab] in the model's dtype."""
+        p = self._params
+        return F.linear(rms_norm(x, p["norm"], self.shape.norm_eps), p["lm_head"])
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [b, s] -> cos, sin [b, 1, s, d] in the model's dtype (as HF casts them)."""
+        return self._cos[positions].unsqueeze(1).to(self.dtype), self._sin[positions].unsqueeze(1).to(self.dtype)
+
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, rows_per_prompt: int) -> torch.Tensor:
+        """Run left-padded prompts [u, P]; write their K/V into cache rows (n per prompt); last logits [u, V]."""
+        u, width = ids.shape
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cos, sin = self._rope(positions)
+        causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
+        allowed = (causal[None] & mask[:, None, :].bool()) | torch.eye(width, dtype=torch.bool, device=ids.device)
+        allowed = allowed.unsqueeze(1)  # [u, 1, P, P]; a padding query sees itself, so no row is empty
+        x = F.embedding(ids, self._params["embed"])
+        for i, (k_cache, v_cache) in enumerate(self._kv_cache()):
+            q, k, v = self._attention_inputs(i, x, cos, sin)
+            rows = u * rows_per_prompt
+            k_cache[:rows, :, :width] = k.repeat_interleave(rows_per_prompt, dim=0)
+            v_cache[:rows, :, :width] = v.repeat_interleave(rows_per_prompt, dim=0)
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+            x = self._finish_layer(i, x, attended)
+        return self._logits(x[:, -1])
+
+    def _decode(self, st: dict, mode: tuple, length: int) -> None:
+        """One decode step over the static buffers in ``st`` (captured as a CUDA graph on GPUs)."""
+        s = self.shape
+        rows = st["token"].shape[0]
+        st["valid"].index_fill_(1, st["slot"], True)
+        cos, sin = self._rope(st["position"][:, None])
+        x = F.embedding(st["token"][:, None], self._params["embed"])  # [b, 1, hidden]
+        valid = st["valid"][:, None, None, :length]
+        group = s.num_attention_heads // s.num_kv_heads
+        for i, (k_cache, v_cache) in enumerate(self._kv_cache()):
+            q, k, v = self._attention_inputs(i, x, cos, sin)
+            k_cache[:rows].index_copy_(2, st["slot"], k)
+            v_cache[:rows].index_copy_(2, st["slot"], v)
+            keys, values = k_cache[:rows, :, :length], v_cache[:rows, :, :length]  # [b, kv, L, d]
+            q = q.view(rows, s.num_kv_heads, group, s.head_dim)
+            scores = torch.matmul(q, keys.transpose(-1, -2)).float() / math.sqrt(s.head_dim)  # [b, kv, g, L]
+            probs = scores.masked_fill(~valid, float("-inf")).softmax(-1).to(self.dtype)
+            attended = torch.matmul(probs, values).view(rows, s.num_attention_heads, 1, s.head_dim)
+            x = self._finish_layer(i, x, attended)
+        self._sample(self._logits(x[:, 0]), st, mode)
+        st["tokens"].index_copy_(1, st["step"], st["token"][:, None])
+        st["log_probs"].index_copy_(1, st["step"], st["log_prob"][:, None])
+        st["position"].add_(1)
+        st["slot"].add_(1)
+        st["step"].add_(1)
+
+    def _sample(self, logits: torch.Tensor, st: dict, mode: tuple) -> None:
+        """Next token into st["token"] and its temperature-1 log-prob into st["log_prob"] (graph-safe: no syncs)."""
+        token, log_prob = (_sample_compiled if logits.is_cuda else sample)(logits, st["temperature"], *mode)
+        st["token"].copy_(token)
+        st["log_prob"].copy_(log_prob)
+
+    # ---- generate ---------------------------------------------------------------------------------
+
+    def _decoder(self, rows: int, limit: int, mode: tuple, length: int) -> tuple[dict, object]:
+        """The decode step's static buffers and the step itself: on GPUs a CUDA graph captured over those
+        buffers (replayed by every chunk of the same shape), elsewhere the eager step."""
+        key = (rows, limit, mode, length)
+        if key in self._decoders:
+            return self._decoders[key]
+        self._kv_cache()  # allocated on this stream, before the warm-up below runs on a side stream
+        kw = dict(device=self.device)
+        st = {
+            "token": torch.zeros(rows, dtype=torch.long, **kw),
+            "log_prob": torch.zeros(rows, **kw),
+            "position": torch.zeros(rows, dtype=torch.long, **kw),
+            "slot": torch.zeros(1, dtype=torch.long, **kw),
+            "step": torch.zeros(1, dtype=torch.long, **kw),
+            "valid": torch.zeros(rows, self.max_model_len, dtype=torch.bool, **kw),
+            "temperature": torch.ones((), **kw),
+            "tokens": torch.zeros(rows, limit, dtype=torch.long, **kw),
+            "log_probs": torch.zeros(rows, limit, **kw),
+        }
+        step = lambda: self._decode(st, mode, length)  # noqa: E731
+        if self.cuda_graphs:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up outside the graph (cuBLAS workspaces, lazy inits)
+                step()
+            torch.cuda.current_stream().wait_stream(side)
+            self._pool = self._pool or torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                step()
+            step = graph.replay  # the buffers' contents are set by _generate_chunk before every use
+        self._decoders[key] = (st, step)
+        return st, step
+
+    @torch.no_grad()
+    def _generate_chunk(self, prompts: list[list[int]], settings: SamplingSettings):
+        n = settings.n
+        rows, width = len(prompts) * n, max(len(p) for p in prompts)
+        limit = settings.max_new_tokens
+        if width + limit > self.max_model_len:
+            raise ValueError(f"prompt ({width}) + max_new_tokens ({limit}) exceed max_model_len={self.max_model_len}")
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, prompt in enumerate(prompts):
+            ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            mask[i, width - len(prompt) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        length = min(self.max_model_len, -(-(width + limit) // LENGTH_BUCKET) * LENGTH_BUCKET)
+        mode = (settings.is_greedy, settings.top_k, settings.top_p)
+        st, step = self._decoder(rows, limit, mode, length)
+        st["temperature"].fill_(1.0 if settings.is_greedy else settings.temperature)
+
+        last_logits = self._prefill(ids, mask, n).repeat_interleave(n, dim=0)
+        st["valid"].zero_()
+        st["valid"][:, :width] = mask.bool().repeat_interleave(n, dim=0)
+        st["position"].copy_(mask.sum(-1).repeat_interleave(n))
+        st["slot"].fill_(width)
+        self._sample(last_logits, st, mode)  # the first response token, from the prompt's last position
+        st["tokens"][:, 0], st["log_probs"][:, 0] = st["token"], st["log_prob"]
+        st["step"].fill_(1)
+        stop = torch.tensor(self.stop_ids, device=self.device)
+        produced = 1
+        while produced < limit:
+            if produced % EARLY_STOP_EVERY == 0 and bool(torch.isin(st["tokens"][:, :produced], stop).any(-1).all()):
+                break
+            step()
+            produced += 1
+        return self._collect(st["tokens"][:, :produced].cpu(), st["log_probs"][:, :produced].cpu())
+
+    def _collect(self, tokens: torch.Tensor, log_probs: torch.Tensor):
+        """Cut each row after its first stop token."""
+        stops = torch.isin(tokens, torch.tensor(self.stop_ids))
+        responses, token_log_probs, reasons = [], [], []
+        for row in range(tokens.shape[0]):
+            hits = stops[row].nonzero()
+            length = int(hits[0]) + 1 if len(hits) else tokens.shape[1]
+            responses.append(tokens[row, :length].tolist())
+            token_log_probs.append(log_probs[row, :length].tolist())
+            reasons.append("stop" if len(hits) else "length")
+        return responses, token_log_probs, reasons
+
+    def generate(self, prompt_ids: list[list[int]], settings: SamplingSettings) -> Generation:
+        if settings.n > self.max_batch_size:
+            raise ValueError(f"n={settings.n} samples per prompt exceed max_batch_size={self.max_batch_size}")
+        per_chunk = self.max_batch_size // settings.n
+        return generate_in_chunks(prompt_ids, settings, per_chunk, self.device, self._generate_chunk)

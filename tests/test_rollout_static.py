@@ -1,0 +1,148 @@
+"""The static-cache engine against transformers on tiny random Llama / Qwen2 / Qwen3 models (fp32, CPU).
+
+On a CPU the decode step runs eagerly; on a GPU the same step is replayed as a CUDA graph (measured in
+BENCHMARKS.md, not here: CI has no GPU).
+"""
+
+import pytest
+import torch
+
+from grpo_core.models.shape import load_model_shape
+from grpo_core.rollout import SamplingSettings
+from tests.test_rollout_hf import teacher_forced
+
+
+def tiny(kind: str, tmp_path):
+    """A random 2-layer model of ``kind``, saved (so its shape is read the way the trainer reads it)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    common = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.2,  # peaked distributions: greedy ties are unlikely
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, **common))
+    elif kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=False, **common))
+        with torch.no_grad():  # random QKV biases, so a bias mapped to the wrong slice shows
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.2)
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(tie_word_embeddings=False, head_dim=16, **common))
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    model.eval()
+    model.save_pretrained(tmp_path / kind)
+    return model, load_model_shape(str(tmp_path / kind))
+
+
+def engine_for(model, shape, stop_ids=(2,), **kwargs):
+    from grpo_core.rollout.static import StaticEngine
+
+    engine = StaticEngine(shape, list(stop_ids), dtype="float32", max_model_len=128, **kwargs)
+    engine.update_weights(model.state_dict().items())
+    return engine
+
+
+PROMPTS = [[5, 17, 33, 250, 7], [9, 100], [44, 45, 46, 47, 48, 49, 50, 51, 52]]  # left padding matters
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_greedy_matches_transformers_generate(kind, tmp_path):
+    model, shape = tiny(kind, tmp_path)
+    engine = engine_for(model, shape, max_batch_size=4)  # 3 prompts x 2 samples: chunks of 2 and 1 prompts
+    gen = engine.generate(PROMPTS, SamplingSettings(n=2, temperature=0.0, max_new_tokens=12))
+    assert gen.group_index == [0, 0, 1, 1, 2, 2]
+    for row, response in enumerate(gen.response_ids):
+        prompt = PROMPTS[gen.group_index[row]]
+        with torch.no_grad():
+            expected = model.generate(
+                torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=2, pad_token_id=0
+            )[0, len(prompt) :].tolist()
+        assert response == expected[: len(response)]
+        assert len(response) == len(expected) or response[-1] == 2
+        torch.testing.assert_close(
+            torch.tensor(gen.response_log_probs[row]), teacher_forced(model, prompt, response), atol=1e-4, rtol=0
+        )
+
+
+def test_sampling_log_probs_seed_and_groups(tmp_path):
+    model, shape = tiny("qwen2", tmp_path)
+    engine = engine_for(model, shape, max_batch_size=8)
+    settings = SamplingSettings(n=4, temperature=0.8, top_p=0.9, top_k=50, max_new_tokens=10, seed=3)
+    gen = engine.generate(PROMPTS, settings)
+    assert len(gen.response_ids) == 12
+    for row, response in enumerate(gen.response_ids):
+        # the model's own temperature-1 log-probs, whatever the sampling settings
+        expected = teacher_forced(model, PROMPTS[gen.group_index[row]], response)
+        torch.testing.assert_close(torch.tensor(gen.response_log_probs[row]), expected, atol=1e-4, rtol=0)
+    assert len({tuple(r) for r in gen.response_ids[:4]}) > 1  # a prompt's samples differ
+    assert engine.generate(PROMPTS, settings).response_ids == gen.response_ids  # the seed fixes them
+
+
+def test_top_k_one_is_greedy(tmp_path):
+    model, shape = tiny("llama", tmp_path)
+    engine = engine_for(model, shape)
+    greedy = engine.generate(PROMPTS, SamplingSettings(n=1, temperature=0.0, max_new_tokens=8))
+    top1 = engine.generate(PROMPTS, SamplingSettings(n=3, temperature=1.0, top_k=1, max_new_tokens=8))
+    assert top1.response_ids == [r for r in greedy.response_ids for _ in range(3)]
+
+
+def test_a_stop_token_ends_the_response(tmp_path):
+    model, shape = tiny("llama", tmp_path)
+    free = engine_for(model, shape, stop_ids=[511]).generate(PROMPTS, SamplingSettings(temperature=0, max_new_tokens=8))
+    stop = free.response_ids[0][3]
+    gen = engine_for(model, shape, stop_ids=[stop]).generate(PROMPTS, SamplingSettings(temperature=0, max_new_tokens=8))
+    first = free.response_ids[0].index(stop)
+    assert gen.response_ids[0] == free.response_ids[0][: first + 1]
+    assert gen.finish_reasons[0] == "stop"
+    assert len(gen.response_log_probs[0]) == first + 1
+
+
+def test_weight_updates_and_errors(tmp_path):
+    model, shape = tiny("llama", tmp_path)
+    engine = engine_for(model, shape)
+    before = engine.generate(PROMPTS, SamplingSettings(temperature=0, max_new_tokens=6)).response_log_probs
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(1.5)  # tied: the lm_head changes with it
+    engine.update_weights([("model.embed_tokens.weight", model.model.embed_tokens.weight)])
+    after = engine.generate(PROMPTS, SamplingSettings(temperature=0, max_new_tokens=6))
+    assert after.response_log_probs != before
+    expected = teacher_forced(model, PROMPTS[0], after.response_ids[0])
+    torch.testing.assert_close(torch.tensor(after.response_log_probs[0]), expected, atol=1e-4, rtol=0)
+    with pytest.raises(KeyError, match="no parameter named"):
+        engine.update_weights([("model.layers.9.mlp.up_proj.weight", torch.zeros(1))])
+    with pytest.raises(ValueError, match="has shape"):
+        engine.update_weights([("model.norm.weight", torch.zeros(3))])
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.generate(PROMPTS, SamplingSettings(max_new_tokens=200))
+    engine.sleep()  # frees the cache; the next generate allocates it again
+    again = engine.generate(PROMPTS, SamplingSettings(temperature=0, max_new_tokens=6))
+    assert again.response_ids == after.response_ids
+
+
+def test_loads_a_checkpoint_and_refuses_moe(tmp_path):
+    import dataclasses
+
+    from grpo_core.rollout.static import StaticEngine
+
+    model, shape = tiny("qwen3", tmp_path)
+    loaded = StaticEngine(shape, [2], dtype="float32", max_model_len=64).load(tmp_path / "qwen3")
+    pushed = engine_for(model, shape)
+    settings = SamplingSettings(temperature=0, max_new_tokens=5)
+    assert loaded.generate(PROMPTS, settings).response_ids == pushed.generate(PROMPTS, settings).response_ids
+    moe = dataclasses.replace(shape, num_experts=4, moe_ffn_hidden_size=32, experts_per_token=2)
+    with pytest.raises(NotImplementedError, match="rollout.name=vllm or hf"):
+        StaticEngine(moe, [2])
