@@ -114,7 +114,7 @@ def test_settings_come_from_verl_keys():
 
 
 @pytest.mark.parametrize("vocab_size", [50, 47], ids=["full", "padded"])
-def test_log_probs_and_entropy_match_autograd_reference(vocab_size):
+def test_log_probs_and_entropy_match_autograd_reference(vocab_size, monkeypatch):
     """Values and gradients (log-prob and entropy terms) against log_softmax, on one rank; columns past
     ``vocab_size`` (TP padding) must count for nothing."""
     from megatron.core import parallel_state as ps
@@ -123,6 +123,9 @@ def test_log_probs_and_entropy_match_autograd_reference(vocab_size):
     from grpo_core.actor.parallel import init_distributed, init_model_parallel
     from grpo_core.planning.layout import ParallelLayout
 
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):  # restored afterwards: later subprocesses
+        monkeypatch.setenv(key, "")  # must not inherit this process's rendezvous
+        monkeypatch.delenv(key)
     init_distributed()  # one process: a loopback gloo group, TP = 1
     init_model_parallel(ParallelLayout(world_size=1), seed=0)
     try:
