@@ -156,3 +156,18 @@ def _check_log_probs_against_reference(log_probs_and_entropy, vocab_size: int) -
     torch.testing.assert_close(ent.double(), ref_ent, atol=1e-5, rtol=0)
     torch.testing.assert_close(ours.grad, ref.grad, atol=1e-5, rtol=0)  # zero at the padding columns
     assert torch.equal(ours.detach(), logits)  # the caller's logits are not written over
+
+
+def test_micro_batches_drop_only_the_prompt_columns_every_row_pads():
+    """A micro-batch of short prompts is cut to its longest prompt; responses and positions are untouched."""
+    from grpo_core.data.batch import RolloutBatch
+
+    ids = torch.arange(2 * 9).view(2, 9)
+    attention = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1, 1, 1, 1]])
+    batch = RolloutBatch(input_ids=ids, attention_mask=attention, response_mask=torch.ones(2, 4))
+    cut = batch.without_leading_padding()
+    assert torch.equal(cut.input_ids, ids[:, 2:]) and torch.equal(cut.attention_mask, attention[:, 2:])
+    assert torch.equal(cut.responses, batch.responses)
+    real = attention.bool()
+    assert torch.equal(cut.position_ids[real[:, 2:]], batch.position_ids[real])
+    assert batch.rows(slice(1, 2)).without_leading_padding().input_ids.shape[1] == 7

@@ -211,6 +211,12 @@ class MegatronActor:
         logits = logits[:, total - r - 1 : total - 1]
         return log_probs_and_entropy(logits, mb.responses, self.shape.vocab_size, entropy_grad=entropy_grad)
 
+    def _micro_batches(self, batch: RolloutBatch, rows: int) -> list[RolloutBatch]:
+        """``rows`` at a time, each without its all-padding prompt columns; pipeline stages exchange
+        fixed-shape activations, so with PP > 1 every micro-batch keeps the batch's width."""
+        micro = batch.split(rows)
+        return [m.without_leading_padding() for m in micro] if self.s.layout.pp == 1 else micro
+
     def _run(self, batches: list[RolloutBatch], step_fn, forward_only: bool) -> list[dict]:
         """Micro-batches through megatron's pipeline schedule; the loss dicts of the last stage."""
         iterators: list[Iterator] = [iter(batches) for _ in self.model]
@@ -257,7 +263,7 @@ class MegatronActor:
         for chunk in self.model:
             chunk.eval()
         local = self._dp_slice(batch).to(device())
-        micro = local.split(micro_batch_rows or self.s.micro_batch_rows)
+        micro = self._micro_batches(local, micro_batch_rows or self.s.micro_batch_rows)
 
         def step(data_iterator, model):
             mb = next(data_iterator)
@@ -305,7 +311,7 @@ class MegatronActor:
     def forward_backward(self, mini: RolloutBatch) -> list[dict]:
         """The GRPO loss's gradients for one mini-batch, reduced over DP, in the grad buffers (no step)."""
         local = self._dp_slice(mini).to(device())
-        micro = local.split(self.s.micro_batch_rows)
+        micro = self._micro_batches(local, self.s.micro_batch_rows)
         entropy_grad = self.s.loss.entropy_coeff != 0
 
         def step(data_iterator, model):

@@ -46,5 +46,13 @@ class RolloutBatch:
         """Consecutive chunks of ``size`` rows (the last may be shorter)."""
         return [self.rows(slice(i, i + size)) for i in range(0, self.batch_size, size)]
 
+    def without_leading_padding(self) -> "RolloutBatch":
+        """The same rows without the prompt columns that are padding in every row, so a micro-batch of short
+        prompts does not pay for the whole batch's longest; responses keep their columns, positions their values."""
+        lead = int(self.attention_mask.any(0).long().argmax())  # the first column some row uses
+        if lead == 0:
+            return self
+        return replace(self, input_ids=self.input_ids[:, lead:], attention_mask=self.attention_mask[:, lead:])
+
     def to(self, device: torch.device | str) -> "RolloutBatch":
         return self._map(lambda t: t.to(device))
