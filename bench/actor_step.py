@@ -113,12 +113,11 @@ def megatron_phases(args, shape) -> tuple[dict, int, int]:
 
 
 def hf_phases(args) -> tuple[dict, int, int]:
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from grpo_core.models.known_configs import find_known_config
+    from grpo_core.models.known_configs import transformers_config
 
-    known = dict(find_known_config(args.model))
-    config = AutoConfig.for_model(known.pop("model_type"), **known)
+    config = transformers_config(args.model)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
     model.train()

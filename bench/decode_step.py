@@ -13,8 +13,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from grpo_core.models.known_configs import find_known_config
-from grpo_core.models.shape import ModelShape
+from grpo_core.models.shape import load_model_shape
 from grpo_core.rollout.base import SamplingSettings
 from grpo_core.rollout.static import StaticEngine, _sample_compiled, sample
 
@@ -34,7 +33,7 @@ def main() -> None:
     p.add_argument("--model", default="Qwen/Qwen2.5-1.5B")
     p.add_argument("--rows", type=int, nargs="+", default=[512, 2048])
     args = p.parse_args()
-    shape = ModelShape.from_hf_config(dict(find_known_config(args.model)))
+    shape = load_model_shape(args.model)
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(64, 193, (max(args.rows) // 8,), generator=g).tolist()
     prompts = [torch.randint(0, shape.vocab_size, (n,), generator=g).tolist() for n in lengths]

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from grpo_core.models.known_configs import find_known_config
+from grpo_core.models.known_configs import transformers_config
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", required=True)
@@ -25,11 +25,8 @@ p.add_argument("--heads", type=int, nargs=2, default=None)
 p.add_argument("out")
 args = p.parse_args()
 
-if Path(args.model).is_dir():
-    config = AutoConfig.from_pretrained(args.model)
-else:
-    known = dict(find_known_config(args.model))
-    config = AutoConfig.for_model(known.pop("model_type"), **known)
+local = Path(args.model).is_dir()
+config = AutoConfig.from_pretrained(args.model) if local else transformers_config(args.model)
 if args.heads:
     config.num_attention_heads, config.num_key_value_heads = args.heads
     config.head_dim = config.hidden_size // args.heads[0]

@@ -26,16 +26,14 @@ def main() -> None:
     p.add_argument("--out", default="rollout.json")
     args = p.parse_args()
 
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from grpo_core.models.known_configs import find_known_config
-    from grpo_core.models.shape import ModelShape
+    from grpo_core.models.known_configs import transformers_config
+    from grpo_core.models.shape import load_model_shape
     from grpo_core.rollout.base import SamplingSettings
     from grpo_core.rollout.static import StaticEngine
 
-    known = dict(find_known_config(args.model))
-    shape = ModelShape.from_hf_config(known)
-    config = AutoConfig.for_model(known.pop("model_type"), **known)
+    shape, config = load_model_shape(args.model), transformers_config(args.model)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa").eval()

@@ -146,3 +146,21 @@ def test_loads_a_checkpoint_and_refuses_moe(tmp_path):
     moe = dataclasses.replace(shape, num_experts=4, moe_ffn_hidden_size=32, experts_per_token=2)
     with pytest.raises(NotImplementedError, match="rollout.name=vllm or hf"):
         StaticEngine(moe, [2])
+
+
+def test_dry_run_refuses_the_static_engine_for_moe(capsys):
+    """Before any GPU: one line and exit 2, the reason the engine itself would give."""
+    from grpo_core.cli import main
+
+    code = main(
+        [
+            "train",
+            "--dry-run",
+            "actor_rollout_ref.model.path=Qwen/Qwen3-235B-A22B",
+            "actor_rollout_ref.rollout.name=static",
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "rollout.name=static runs dense Llama/Qwen2/Qwen3 without RoPE scaling, not this qwen3_moe (MoE)" in err
+    assert "Traceback" not in err

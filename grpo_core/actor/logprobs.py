@@ -16,19 +16,19 @@ import torch
 from megatron.core import parallel_state as ps
 
 
-def _shifted(logits: torch.Tensor, row_max: torch.Tensor, vocab_start: int, vocab_size: int) -> torch.Tensor:
-    """fp32 logits minus the row's max; -inf at padding columns (those at or past ``vocab_size``)."""
+def _masked(logits: torch.Tensor, vocab_start: int, vocab_size: int) -> torch.Tensor:
+    """fp32 logits, -inf at padding columns (those at or past ``vocab_size``)."""
     cols = torch.arange(logits.shape[-1], device=logits.device) + vocab_start
-    return torch.where(cols < vocab_size, logits.float() - row_max.unsqueeze(-1), float("-inf"))
+    return torch.where(cols < vocab_size, logits.float(), float("-inf"))
 
 
 def _row_max(logits: torch.Tensor, vocab_start: int, vocab_size: int) -> torch.Tensor:
-    return _shifted(logits, torch.zeros(logits.shape[:-1], device=logits.device), vocab_start, vocab_size).amax(-1)
+    return _masked(logits, vocab_start, vocab_size).amax(-1)
 
 
 def _exp_sums(logits: torch.Tensor, row_max: torch.Tensor, vocab_start: int, vocab_size: int) -> torch.Tensor:
     """[2, ...]: sum_v exp(s_v) and sum_v exp(s_v) * s_v of the shifted logits s (0 * -inf counts as 0)."""
-    s = _shifted(logits, row_max, vocab_start, vocab_size)
+    s = _masked(logits, vocab_start, vocab_size) - row_max.unsqueeze(-1)
     e = s.exp()
     return torch.stack((e.sum(-1), torch.where(e > 0, e * s, 0.0).sum(-1)))
 
@@ -46,7 +46,7 @@ def _logits_grad(
     entropy_grad: bool,
 ) -> torch.Tensor:
     """d/ds_v of g log p(y), i.e. g (1[v = y] - p_v), plus with ``entropy_grad`` that of g' H: -g' p_v (log p_v + H)."""
-    log_p = _shifted(logits, row_max, vocab_start, vocab_size) - log_z.unsqueeze(-1)
+    log_p = _masked(logits, vocab_start, vocab_size) - (row_max + log_z).unsqueeze(-1)
     p = log_p.exp()
     cols = torch.arange(logits.shape[-1], device=logits.device)
     grad = torch.where(cols == labels_local.unsqueeze(-1), 1.0, 0.0) - p

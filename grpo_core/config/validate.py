@@ -20,6 +20,7 @@ from grpo_core.models.shape import ModelShape
 from grpo_core.planning.layout import ParallelLayout
 from grpo_core.planning.memory import MemoryEstimate, MemoryOptions, estimate_grpo_memory
 from grpo_core.planning.planner import rollout_tp_fits
+from grpo_core.rollout import static as static_engine
 
 LOGGERS = ("console", "mlflow", "tensorboard")
 LAYOUT_KEYS = [
@@ -212,11 +213,8 @@ def _check_layout(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
         r.errors.append(
             f"rollout.name={rollout.name} generates on one device per rank: rollout TP must be 1, not {rtp}"
         )
-    if rollout.name == "static" and (shape.is_moe or shape.rope_scaling_factor or shape.model_type == "mistral"):
-        r.errors.append(
-            f"rollout.name=static runs dense Llama/Qwen2/Qwen3 without RoPE scaling, not this {shape.model_type}: "
-            "use rollout.name=vllm or hf"
-        )
+    if rollout.name == "static" and (problem := static_engine.unsupported(shape)):
+        r.errors.append(problem)
     if rollout.name == "megatron":
         _check_megatron_rollout(cfg, layout, r)
     needs_ordering = cfg.trainer.device == "cuda" and (layout.tp > 1 or layout.cp > 1)

@@ -37,7 +37,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
-    """megatron's unfused ``_apply_rotary_pos_emb_bshd`` (rotate-half): t [s, b, heads, d], freqs [s, 1, 1, d]."""
+    """megatron's unfused ``_apply_rotary_pos_emb_bshd`` (rotate-half), for megatron's [s, b, heads, d] with
+    freqs [s, 1, 1, d] as for the engine's [b, heads, s, d] with freqs [b, 1, s, d]."""
     if interleaved:
         raise NotImplementedError("the fused RoPE here is for rotate-half (Llama/Qwen) layouts only")
     rot = freqs.shape[-1]
@@ -48,12 +49,20 @@ def _rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> to
     return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
 
 
+_rope_compiled = torch.compile(_rope, dynamic=True)
+
+
+def rope(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of ``t`` by the angles ``freqs`` (broadcast against it), cos/sin in ``t``'s dtype as HF."""
+    return (_rope_compiled if t.is_cuda else _rope)(t, freqs)
+
+
 def install_fused_rope() -> None:
     """Fill megatron's ``apply_rope_fusion`` hook with the compiled RoPE where TE has not."""
     from megatron.core.models.common.embeddings import rope_utils
 
     if rope_utils.fused_apply_rotary_pos_emb is None:
-        rope_utils.fused_apply_rotary_pos_emb = torch.compile(_rope, dynamic=True)
+        rope_utils.fused_apply_rotary_pos_emb = _rope_compiled
 
 
 def _wgrad_accum_fp32(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
@@ -93,9 +102,9 @@ def install_wgrad_accumulation() -> bool:
 def fusion_flags(overrides: dict) -> dict:
     """The TransformerConfig flags for the kernels available here, installing what they need; the run's
     ``override_transformer_config`` (``overrides``) still wins. None on a CPU."""
-    if overrides.get("apply_rope_fusion"):
-        install_fused_rope()
     if not torch.cuda.is_available():
+        if overrides.get("apply_rope_fusion"):  # asked for on a CPU: the compiled RoPE serves it there too
+            install_fused_rope()
         return {}
     install_fused_rope()
     flags = {"bias_activation_fusion": True, "apply_rope_fusion": True}

@@ -140,6 +140,18 @@ KNOWN_CONFIGS: dict[str, dict] = {
 KNOWN_CONFIGS["Qwen/Qwen2.5-7B"] = KNOWN_CONFIGS["Qwen/Qwen2-7B"]  # same shape
 
 
+def transformers_config(name: str):
+    """A table entry as a transformers ``PretrainedConfig``: enough to build the model with random weights
+    (benchmarks), without the hub. KeyError for a name the table does not have."""
+    from transformers import AutoConfig
+
+    known = find_known_config(name)
+    if known is None:
+        raise KeyError(f"{name} is not in grpo_core's table of known configs")
+    known = dict(known)
+    return AutoConfig.for_model(known.pop("model_type"), **known)
+
+
 def find_known_config(name: str) -> dict | None:
     """Look a hub id up by its last path part, case-insensitively, with '-Instruct' ignored."""
     wanted = name.rstrip("/").split("/")[-1].lower().removesuffix("-instruct")

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from grpo_core.models.fused import rms_norm
+from grpo_core.models.fused import rms_norm, rope
 from grpo_core.models.shape import ModelShape
 from grpo_core.rollout.base import DTYPES, Generation, SamplingSettings, generate_in_chunks
 
@@ -65,10 +65,15 @@ def sample(
 _sample_compiled = torch.compile(sample, options={"fallback_random": True})
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF's ``apply_rotary_pos_emb`` (rotate-half): x [b, heads, s, d], cos/sin [b, 1, s, d] in x's dtype."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def unsupported(shape: ModelShape) -> str | None:
+    """Why the static engine cannot run ``shape`` (None: it can)."""
+    if shape.is_moe or shape.rope_scaling_factor is not None or shape.model_type not in ("llama", "qwen2", "qwen3"):
+        extra = " (MoE)" if shape.is_moe else " (RoPE scaling)" if shape.rope_scaling_factor else ""
+        return (
+            f"rollout.name=static runs dense Llama/Qwen2/Qwen3 without RoPE scaling, not this {shape.model_type}"
+            f"{extra}: use actor_rollout_ref.rollout.name=vllm or hf"
+        )
+    return None
 
 
 class StaticEngine:
@@ -85,12 +90,8 @@ class StaticEngine:
         max_model_len: int = 2048,
         cuda_graphs: bool = True,
     ) -> None:
-        if shape.is_moe or shape.rope_scaling_factor is not None or shape.model_type not in ("llama", "qwen2", "qwen3"):
-            raise NotImplementedError(
-                f"the static engine runs dense Llama/Qwen2/Qwen3 without RoPE scaling, not {shape.model_type}"
-                f"{' (MoE)' if shape.is_moe else ''}{' (RoPE scaling)' if shape.rope_scaling_factor else ''}: "
-                "use actor_rollout_ref.rollout.name=vllm or hf"
-            )
+        if problem := unsupported(shape):
+            raise NotImplementedError(problem)
         self.shape, self.stop_ids = shape, list(stop_ids)
         self.dtype, self.device = DTYPES[dtype], torch.device(device)
         self.max_batch_size, self.max_model_len = max_batch_size, max_model_len
@@ -99,8 +100,7 @@ class StaticEngine:
         self._targets = self._name_table()
         inv_freq = 1.0 / shape.rope_theta ** (torch.arange(0, shape.head_dim, 2, dtype=torch.float32) / shape.head_dim)
         freqs = torch.outer(torch.arange(max_model_len, dtype=torch.float32), inv_freq)
-        angles = torch.cat((freqs, freqs), dim=-1).to(self.device)  # [max_model_len, head_dim]
-        self._cos, self._sin = angles.cos(), angles.sin()
+        self._angles = torch.cat((freqs, freqs), dim=-1).to(self.device)  # [max_model_len, head_dim], fp32
         self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._decoders: dict[tuple, tuple[dict, object]] = {}  # (rows, new tokens, mode, length) -> (buffers, step)
         self._pool = None
@@ -209,7 +209,7 @@ class StaticEngine:
 
     # ---- the model --------------------------------------------------------------------------------
 
-    def _attention_inputs(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def _attention_inputs(self, i: int, x: torch.Tensor, angles: torch.Tensor):
         """x [b, s, hidden] -> q [b, heads, s, d], k and v [b, kv_heads, s, d], rotated."""
         s, p = self.shape, self._params
         b, t, _ = x.shape
@@ -222,7 +222,7 @@ class StaticEngine:
         v = v.view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
         if s.qk_norm:
             q, k = rms_norm(q, p[f"{i}.q_norm"], s.norm_eps), rms_norm(k, p[f"{i}.k_norm"], s.norm_eps)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+        return rope(q, angles), rope(k, angles), v
 
     def _finish_layer(self, i: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """attended [b, heads, s, d] -> the layer's output: o_proj, residual, SwiGLU MLP, residual."""
@@ -238,21 +238,16 @@ class StaticEngine:
         p = self._params
         return F.linear(rms_norm(x, p["norm"], self.shape.norm_eps), p["lm_head"])
 
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [b, s] -> cos, sin [b, 1, s, d] in the model's dtype (as HF casts them)."""
-        return self._cos[positions].unsqueeze(1).to(self.dtype), self._sin[positions].unsqueeze(1).to(self.dtype)
-
     def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, rows_per_prompt: int) -> torch.Tensor:
         """Run left-padded prompts [u, P]; write their K/V into cache rows (n per prompt); last logits [u, V]."""
         u, width = ids.shape
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cos, sin = self._rope(positions)
+        angles = self._angles[(mask.cumsum(-1) - 1).clamp(min=0)].unsqueeze(1)  # [u, 1, P, d]
         causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
         allowed = (causal[None] & mask[:, None, :].bool()) | torch.eye(width, dtype=torch.bool, device=ids.device)
         allowed = allowed.unsqueeze(1)  # [u, 1, P, P]; a padding query sees itself, so no row is empty
         x = F.embedding(ids, self._params["embed"])
         for i, (k_cache, v_cache) in enumerate(self._kv_cache()):
-            q, k, v = self._attention_inputs(i, x, cos, sin)
+            q, k, v = self._attention_inputs(i, x, angles)
             rows = u * rows_per_prompt
             k_cache[:rows, :, :width] = k.repeat_interleave(rows_per_prompt, dim=0)
             v_cache[:rows, :, :width] = v.repeat_interleave(rows_per_prompt, dim=0)
@@ -265,12 +260,12 @@ class StaticEngine:
         s = self.shape
         rows = st["token"].shape[0]
         st["valid"].index_fill_(1, st["slot"], True)
-        cos, sin = self._rope(st["position"][:, None])
+        angles = self._angles[st["position"]][:, None, None]  # [b, 1, 1, d]
         x = F.embedding(st["token"][:, None], self._params["embed"])  # [b, 1, hidden]
         valid = st["valid"][:, None, None, :length]
         group = s.num_attention_heads // s.num_kv_heads
         for i, (k_cache, v_cache) in enumerate(self._kv_cache()):
-            q, k, v = self._attention_inputs(i, x, cos, sin)
+            q, k, v = self._attention_inputs(i, x, angles)
             k_cache[:rows].index_copy_(2, st["slot"], k)
             v_cache[:rows].index_copy_(2, st["slot"], v)
             keys, values = k_cache[:rows, :, :length], v_cache[:rows, :, :length]  # [b, kv, L, d]

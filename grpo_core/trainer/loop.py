@@ -83,8 +83,8 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
         resume_from = checkpoints.resolve_resume(cfg.trainer.resume_mode)
         if resume_from is not None:
             start_step = checkpoints.load(resume_from, actor)["step"]
-        if resume_from is not None or arr.rollout.name == "static":
-            sync_weights(actor, engine, shape, cfg)  # the engine has the initial weights, or none (static)
+        if resume_from is not None or _engine_starts_empty(cfg):
+            sync_weights(actor, engine, shape, cfg)  # the engine holds the initial weights, or none
         trainer_state = {
             "hf_config": json.loads((model_dir / "config.json").read_text()),
             "dtype": settings.dtype,
@@ -270,6 +270,11 @@ def _validates(cfg: GRPOConfig) -> bool:
 def _engine_is_the_actor(cfg: GRPOConfig) -> bool:
     """The megatron engine generates with the actor's model: on every rank, with nothing to sync."""
     return cfg.actor_rollout_ref.rollout.name == "megatron"
+
+
+def _engine_starts_empty(cfg: GRPOConfig) -> bool:
+    """The static engine is built without weights: the actor's (already loaded) are pushed into it."""
+    return cfg.actor_rollout_ref.rollout.name == "static"
 
 
 def _needs_ref(cfg: GRPOConfig) -> bool:
