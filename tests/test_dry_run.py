@@ -34,6 +34,8 @@ GUIDE_COMMANDS = [
     f"--config {BASE} trainer.nnodes=2 launch.launcher=slurm launch.slurm_options=[--partition=gpu] --dry-run",
     f"--config {BASE} actor_rollout_ref.rollout.name=megatron {MEGA}pipeline_model_parallel_size=1 "
     f"{MEGA}sequence_parallel=false --dry-run",
+    f"--config {BASE} actor_rollout_ref.actor.use_dynamic_bsz=true "
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=6144 --dry-run",
 ]
 
 
@@ -77,6 +79,14 @@ INVALID = [
     (["data.train_batch_size=1000"], "is not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size=256"),
     (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=7"], "not a multiple of ppo_micro_batch_size_per_gpu=7"),
     (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64"], "exceeds trainer.gpu_memory_gib=80"),
+    (
+        ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1000"],
+        "ppo_max_token_len_per_gpu=1000 does not hold one sequence of max_prompt_length + max_response_length = 1536",
+    ),
+    (
+        ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.model.use_remove_padding=false"],
+        "use_dynamic_bsz with pipeline parallelism needs packed sequences",
+    ),
     (["trainer.nnodes=0"], "trainer.nnodes=0 must be >= 1"),
     (["trainer.nnodes=two"], "trainer.nnodes='two' is not a valid int"),
     (["trainer.n_gpu_per_node=8"], "did you mean 'trainer.n_gpus_per_node'"),

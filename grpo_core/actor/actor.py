@@ -19,8 +19,10 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from grpo_core.actor import offload, optimizer_state
 from grpo_core.actor.logprobs import log_probs_and_entropy
 from grpo_core.actor.loss import LossSettings, grpo_loss
+from grpo_core.actor.packing import PackedRows, pack, packed_length, split_by_tokens
 from grpo_core.actor.parallel import device
 from grpo_core.data.batch import RolloutBatch
+from grpo_core.models import fused
 from grpo_core.models.bridge import DTYPES, build_model, load_hf_weights, transformer_config
 from grpo_core.models.shape import ModelShape
 from grpo_core.planning.layout import ParallelLayout
@@ -49,6 +51,8 @@ class ActorSettings:
     initial_loss_scale: float = 65536.0
     mini_batch_rows: int = 8  # responses per optimizer step (ppo_mini_batch_size x rollout.n)
     micro_batch_rows: int = 4  # responses per forward/backward on one GPU
+    micro_batch_tokens: int | None = None  # instead: as many responses as fit this many tokens (dynamic bsz)
+    pack_sequences: bool = False  # a micro-batch's rows without padding, end to end (thd)
     ppo_epochs: int = 1
     loss: LossSettings = LossSettings()
 
@@ -82,6 +86,9 @@ class ActorSettings:
             initial_loss_scale=optim.initial_loss_scale,
             mini_batch_rows=actor.ppo_mini_batch_size * n,
             micro_batch_rows=actor.ppo_micro_batch_size_per_gpu,
+            micro_batch_tokens=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
+            # packed sequences need attention per sequence: not split over context-parallel ranks here
+            pack_sequences=cfg.actor_rollout_ref.model.use_remove_padding and layout.cp == 1,
             ppo_epochs=actor.ppo_epochs,
             loss=LossSettings.from_actor_config(actor),
         )
@@ -95,6 +102,12 @@ def causal_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     causal = torch.ones(s, s, dtype=torch.bool, device=attention_mask.device).triu(1)
     masked = causal[None, None] | (attention_mask[:, None, None, :] == 0)
     return masked & ~torch.eye(s, dtype=torch.bool, device=attention_mask.device)
+
+
+@dataclass
+class MicroBatch:
+    rows: RolloutBatch
+    packed: PackedRows | None = None  # the rows as one packed sequence (see actor/packing.py)
 
 
 class MegatronActor:
@@ -166,7 +179,10 @@ class MegatronActor:
         if s.optimizer_offload and torch.cuda.is_available():  # on a CPU the states are in host memory already
             opt_config.optimizer_cpu_offload = True
             opt_config.optimizer_offload_fraction = 1.0
+        fused.install_optimizer_kernels()
         self.optimizer = get_megatron_optimizer(opt_config, self.model)
+        if not opt_config.optimizer_cpu_offload:
+            fused.use_fused_adam(self.optimizer)
         self.scheduler = OptimizerParamScheduler(
             self.optimizer,
             init_lr=0.0 if s.lr_warmup_steps else s.lr,
@@ -188,14 +204,19 @@ class MegatronActor:
 
     # ---- forward ----------------------------------------------------------------------------------
 
-    def _padded_length(self, length: int) -> int:
+    def _sequence_multiple(self) -> int:
         """Sequence parallelism splits the sequence over TP ranks, context parallelism over 2*CP chunks."""
         layout = self.s.layout
-        multiple = (layout.tp if self.config.sequence_parallel else 1) * (2 * layout.cp if layout.cp > 1 else 1)
+        return (layout.tp if self.config.sequence_parallel else 1) * (2 * layout.cp if layout.cp > 1 else 1)
+
+    def _padded_length(self, length: int) -> int:
+        multiple = self._sequence_multiple()
         return -(-length // multiple) * multiple
 
-    def _forward(self, model: torch.nn.Module, mb: RolloutBatch) -> torch.Tensor:
-        ids, attn = mb.input_ids, mb.attention_mask
+    def _forward(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        if mb.packed is not None:
+            return model(mb.packed.input_ids, None, None, packed_seq_params=mb.packed.params)
+        ids, attn = mb.rows.input_ids, mb.rows.attention_mask
         pad = self._padded_length(ids.shape[1]) - ids.shape[1]
         if pad:
             ids = torch.nn.functional.pad(ids, (0, pad))
@@ -205,29 +226,48 @@ class MegatronActor:
         mask = None if bool(attn.all()) else causal_padding_mask(attn)
         return model(ids, positions, mask)
 
-    def _response_log_probs(self, logits: torch.Tensor, mb: RolloutBatch, entropy_grad: bool):
-        """Logits at positions P-1 .. P+R-2 predict the R response tokens."""
-        total, r = mb.input_ids.shape[1], mb.response_length
+    def _response_log_probs(self, logits: torch.Tensor, mb: MicroBatch, entropy_grad: bool):
+        """(log-prob, entropy) [rows, R] of each response token, from the logits one position before it."""
+        vocab = self.shape.vocab_size
+        if mb.packed is not None:
+            targets = mb.packed.input_ids.roll(-1, dims=1)  # each position's next token
+            lp, ent = log_probs_and_entropy(logits, targets, vocab, entropy_grad=entropy_grad)
+            return lp[0][mb.packed.logit_index], ent[0][mb.packed.logit_index]
+        total, r = mb.rows.input_ids.shape[1], mb.rows.response_length
         logits = logits[:, total - r - 1 : total - 1]
-        return log_probs_and_entropy(logits, mb.responses, self.shape.vocab_size, entropy_grad=entropy_grad)
+        return log_probs_and_entropy(logits, mb.rows.responses, vocab, entropy_grad=entropy_grad)
 
-    def _micro_batches(self, batch: RolloutBatch, rows: int) -> list[RolloutBatch]:
-        """``rows`` at a time, each without its all-padding prompt columns; pipeline stages exchange
-        fixed-shape activations, so with PP > 1 every micro-batch keeps the batch's width."""
-        micro = batch.split(rows)
-        return [m.without_leading_padding() for m in micro] if self.s.layout.pp == 1 else micro
+    def _micro_batches(self, batch: RolloutBatch, rows: int) -> list[MicroBatch]:
+        """``rows`` (or a token budget's worth) at a time, packed or without the prompt columns all rows pad.
+        Pipeline stages exchange fixed-shape activations, so with PP > 1 every micro-batch has one width:
+        the longest packed row, or the batch's width unpacked."""
+        s, pp = self.s, self.s.layout.pp
+        groups = (
+            batch.split(rows)
+            if s.micro_batch_tokens is None
+            else split_by_tokens(batch, s.micro_batch_tokens, packed=s.pack_sequences)
+        )
+        if s.pack_sequences:
+            multiple = self._sequence_multiple()
+            length = max(packed_length(g, multiple) for g in groups) if pp > 1 else None
+            return [MicroBatch(g, pack(g, multiple, length)) for g in groups]
+        return [MicroBatch(g.without_leading_padding() if pp == 1 else g) for g in groups]
 
-    def _run(self, batches: list[RolloutBatch], step_fn, forward_only: bool) -> list[dict]:
+    def _run(self, batches: list[MicroBatch], step_fn, forward_only: bool) -> list[dict]:
         """Micro-batches through megatron's pipeline schedule; the loss dicts of the last stage."""
         iterators: list[Iterator] = [iter(batches) for _ in self.model]
-        seq_length = self._padded_length(batches[0].input_ids.shape[1])
+        first = batches[0]
+        if first.packed is not None:
+            seq_length, rows = first.packed.length, 1
+        else:
+            seq_length, rows = self._padded_length(first.rows.input_ids.shape[1]), first.rows.batch_size
         return get_forward_backward_func()(
             forward_step_func=step_fn,
             data_iterator=iterators if len(iterators) > 1 else iterators[0],
             model=self.model if len(self.model) > 1 else self.model[0],
             num_microbatches=len(batches),
             seq_length=seq_length,
-            micro_batch_size=batches[0].batch_size,
+            micro_batch_size=rows,
             forward_only=forward_only,
         )
 
@@ -319,8 +359,9 @@ class MegatronActor:
 
             def loss_fn(output):
                 lp, ent = self._response_log_probs(output, mb, entropy_grad)
+                rows = mb.rows
                 total, denom, metrics = grpo_loss(
-                    lp, ent, mb.old_log_probs, mb.advantages, mb.response_mask, mb.ref_log_probs, self.s.loss
+                    lp, ent, rows.old_log_probs, rows.advantages, rows.response_mask, rows.ref_log_probs, self.s.loss
                 )
                 metrics["denominator"] = torch.tensor(float(denom))
                 return total, torch.tensor(denom, dtype=torch.int, device=total.device), metrics

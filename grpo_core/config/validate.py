@@ -185,6 +185,19 @@ def _check_batches(cfg: GRPOConfig, layout: ParallelLayout, r: Report) -> None:
             f"each DP rank gets {per_rank} responses per mini-batch, not a multiple of "
             f"ppo_micro_batch_size_per_gpu={micro}"
         )
+    if actor.use_dynamic_bsz:
+        longest = d.max_prompt_length + d.max_response_length
+        if actor.ppo_max_token_len_per_gpu < longest:
+            r.errors.append(
+                f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} does not hold "
+                f"one sequence of max_prompt_length + max_response_length = {longest} tokens"
+            )
+        packed = cfg.actor_rollout_ref.model.use_remove_padding and layout.cp == 1
+        if layout.pp > 1 and not packed:
+            r.errors.append(
+                "use_dynamic_bsz with pipeline parallelism needs packed sequences (micro-batches of one shape): "
+                "set actor_rollout_ref.model.use_remove_padding=true and context_parallel_size=1"
+            )
 
 
 def _check_layout(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r: Report) -> None:

@@ -6,16 +6,21 @@ over its activations, and every weight gradient an extra pass over fp32 memory. 
 on what torch can provide instead, on GPUs only (on a CPU compiling costs more than it saves):
 
 - RMSNorm: one ``torch.compile``d kernel each way (used by ``spec.RMSNorm``);
-- RoPE: a compiled rotate-half, given to megatron through its ``apply_rope_fusion`` hook
-  (``rope_utils.fused_apply_rotary_pos_emb``, which TE would fill);
+- RoPE: a compiled rotate-half, given to megatron through its ``apply_rope_fusion`` hooks
+  (``rope_utils.fused_apply_rotary_pos_emb`` and its packed-sequence ``_thd`` twin, which TE would fill);
+- attention over packed sequences: torch's variable-length flash kernel (``varlen_causal_attention``);
 - SwiGLU: megatron's own ``bias_activation_fusion`` (its ``jit_fuser`` is ``torch.compile``);
 - weight-gradient accumulation: ``gradient_accumulation_fusion`` writes each weight gradient straight
   into its fp32 ``main_grad`` from the GEMM (cuBLAS with bf16 inputs and an fp32 accumulator, through
   ``torch.addmm(..., out_dtype=float32)``) instead of a bf16 gradient plus an fp32 add, which for a 7B
   model is ~75 GB of memory traffic per micro-batch. megatron reads the kernel from Apex's
   ``fused_weight_gradient_mlp_cuda``; we register a module of that name.
+
+The optimizer step gets the same treatment (``install_optimizer_kernels``, ``use_fused_adam``): foreach
+kernels for the grad norm and clipping, torch's fused AdamW.
 """
 
+import inspect
 import sys
 import types
 
@@ -52,17 +57,59 @@ def _rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> to
 _rope_compiled = torch.compile(_rope, dynamic=True)
 
 
-def rope(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+def rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """Rotate-half RoPE of ``t`` by the angles ``freqs`` (broadcast against it), cos/sin in ``t``'s dtype as HF."""
-    return (_rope_compiled if t.is_cuda else _rope)(t, freqs)
+    return (_rope_compiled if t.is_cuda else _rope)(t, freqs, interleaved)
+
+
+def _rope_thd(
+    t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, cp_size: int = 1, cp_rank: int = 0, **kwargs
+) -> torch.Tensor:
+    """RoPE over packed sequences ([t, heads, d], megatron's ``fused_apply_rotary_pos_emb_thd`` hook): positions
+    restart at every ``cu_seqlens`` boundary, as megatron's unfused per-sequence loop does, in one kernel."""
+    if cp_size != 1:
+        raise NotImplementedError("the fused packed-sequence RoPE here has no context parallelism")
+    cu = cu_seqlens.long()
+    starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1], output_size=t.shape[0])
+    positions = torch.arange(t.shape[0], device=t.device) - starts
+    return rope(t.unsqueeze(1), freqs[positions], **kwargs).squeeze(1)
 
 
 def install_fused_rope() -> None:
-    """Fill megatron's ``apply_rope_fusion`` hook with the compiled RoPE where TE has not."""
+    """Fill megatron's ``apply_rope_fusion`` hooks (padded and packed) with the compiled RoPE where TE has not."""
     from megatron.core.models.common.embeddings import rope_utils
 
     if rope_utils.fused_apply_rotary_pos_emb is None:
         rope_utils.fused_apply_rotary_pos_emb = _rope_compiled
+    if rope_utils.fused_apply_rotary_pos_emb_thd is None:
+        rope_utils.fused_apply_rotary_pos_emb_thd = _rope_thd
+
+
+def varlen_causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, scale: float
+) -> torch.Tensor | None:
+    """Causal attention over packed sequences ([t, heads, d]) in one flash kernel (``torch.nn.attention.varlen``);
+    None where that cannot run (a CPU, fp32, a torch without it). Its keywords changed between torch 2.10 and
+    2.12 (``is_causal`` became ``window_size``, ``scale`` and ``enable_gqa`` were added): read them off it."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    kwargs: dict = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    if "scale" in params:
+        kwargs["scale"] = scale
+    elif abs(scale - q.shape[-1] ** -0.5) > 1e-9:
+        return None
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
+    cu = cu_seqlens.to(torch.int32)
+    return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, **kwargs)
 
 
 def _wgrad_accum_fp32(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
@@ -96,6 +143,52 @@ def install_wgrad_accumulation() -> bool:
     sys.modules[module.__name__] = module
     layers.fused_weight_gradient_mlp_cuda = module
     layers._grad_accum_fusion_available = True
+    return True
+
+
+def _l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
+    """Apex's ``multi_tensor_l2norm`` contract, (global L2 norm as a 1-element fp32 tensor, None), in a few
+    foreach kernels. megatron's own fallback takes one norm per tensor and then builds a tensor from their
+    values, a device-to-host copy per parameter."""
+    norms = torch._foreach_norm(tensor_lists[0])
+    return torch.linalg.vector_norm(torch.stack(norms).float()).reshape(1), None
+
+
+def _scale(chunk_size, noop_flag, tensor_lists, scale):
+    """Apex's ``multi_tensor_scale``: dst = src * scale, in foreach kernels."""
+    src, dst = tensor_lists
+    if all(s is d for s, d in zip(src, dst, strict=True)):
+        torch._foreach_mul_(dst, scale)
+    else:
+        torch._foreach_copy_(dst, src if scale == 1.0 else torch._foreach_mul(src, scale))
+
+
+def install_optimizer_kernels() -> None:
+    """Swap megatron's per-tensor grad-norm and scale fallbacks (used without TE/Apex) for foreach kernels;
+    on CPUs as on GPUs, so the tests run this path."""
+    from megatron.core import utils
+    from megatron.core.optimizer import clip_grads, optimizer
+
+    if clip_grads.l2_norm_impl is utils.local_multi_tensor_l2_norm:
+        clip_grads.l2_norm_impl = _l2_norm
+    for module in (clip_grads, optimizer):
+        if module.multi_tensor_scale_impl is utils.local_multi_tensor_scale:
+            module.multi_tensor_scale_impl = _scale
+
+
+def use_fused_adam(megatron_optimizer) -> bool:
+    """Step torch's AdamW with its fused kernel (megatron builds it with the default, per-tensor foreach
+    one, when TE/Apex are missing). GPUs only; False where the states are not on one."""
+    inner = getattr(megatron_optimizer, "chained_optimizers", [megatron_optimizer])
+    adams = [
+        o.optimizer for o in inner if isinstance(getattr(o, "optimizer", None), torch.optim.Adam | torch.optim.AdamW)
+    ]
+    params = [p for opt in adams for group in opt.param_groups for p in group["params"]]
+    if not adams or not all(p.is_cuda and p.is_floating_point() for p in params):
+        return False
+    for opt in adams:
+        for group in opt.param_groups:
+            group["fused"], group["foreach"] = True, False
     return True
 
 

@@ -116,7 +116,8 @@ class SDPAttention(MegatronModule):
     Inputs are [s, b, heads, head_dim] (``thd`` packed: [t, heads, head_dim]); the output is [s, b, heads*head_dim].
     Masks: a given ``attention_mask`` (bool, True = masked, broadcastable to [b, heads, s, s]) is applied
     as is; with no mask, ``attn_mask_type=causal`` runs SDPA's ``is_causal`` path (flash kernels on GPU).
-    Packed sequences run one causal SDPA call per sequence of ``cu_seqlens_q`` (padded offsets when given).
+    Packed sequences run torch's variable-length flash kernel on GPUs, elsewhere one causal SDPA call per
+    sequence of ``cu_seqlens_q`` (padded offsets when given).
     """
 
     def __init__(
@@ -184,7 +185,12 @@ class SDPAttention(MegatronModule):
         if getattr(params, "qkv_format", "thd") != "thd":
             raise NotImplementedError(f"packed qkv_format {params.qkv_format!r}: only 'thd' is supported")
         padded = params.cu_seqlens_q_padded
-        bounds = (padded if padded is not None else params.cu_seqlens_q).tolist()
+        cu = padded if padded is not None else params.cu_seqlens_q
+        if dropout == 0:
+            out = fused.varlen_causal_attention(query, key, value, cu, params.max_seqlen_q, self.softmax_scale)
+            if out is not None:
+                return out.reshape(query.shape[0], -1)
+        bounds = cu.tolist()
         q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))  # [1, heads, t, d]
         out = torch.zeros_like(q)
         for start, end in zip(bounds[:-1], bounds[1:], strict=True):

@@ -65,6 +65,28 @@ def sample(
 _sample_compiled = torch.compile(sample, options={"fallback_random": True})
 
 
+def cached_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """One new query per row against its cache: q [b, kv, group, d], keys/values [b, kv, L, d], valid
+    [b, 1, 1, L] -> [b, kv, group, d]. Scores and softmax in fp32. (SDPA's memory-efficient kernel with the
+    group as query length measured slower here: 24.9 vs 21.9 ms per decode step at 2,048 rows.)"""
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float() / math.sqrt(q.shape[-1])
+    probs = scores.masked_fill(~valid, float("-inf")).softmax(-1).to(q.dtype)
+    return torch.matmul(probs, values)
+
+
+def mlp_block(x, attended, o, post_norm, gate_up, down, eps: float) -> torch.Tensor:
+    """The rest of a layer after attention (attended [b, s, heads*d]): o_proj, residual, SwiGLU MLP, residual."""
+    x = x + F.linear(attended, o)
+    gate, up = F.linear(rms_norm(x, post_norm, eps), gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, down)
+
+
+# On GPUs the element-wise work between the GEMMs is fused (measured at 2,048 rows: ~10 of the decode
+# step's 25.8 ms were element-wise kernels); the same functions run eagerly on CPUs.
+_cached_attention_compiled = torch.compile(cached_attention)
+_mlp_block_compiled = torch.compile(mlp_block, dynamic=True)
+
+
 def unsupported(shape: ModelShape) -> str | None:
     """Why the static engine cannot run ``shape`` (None: it can)."""
     if shape.is_moe or shape.rope_scaling_factor is not None or shape.model_type not in ("llama", "qwen2", "qwen3"):
@@ -226,12 +248,11 @@ class StaticEngine:
 
     def _finish_layer(self, i: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """attended [b, heads, s, d] -> the layer's output: o_proj, residual, SwiGLU MLP, residual."""
-        s, p = self.shape, self._params
+        p = self._params
         b, _, t, _ = attended.shape
-        x = x + F.linear(attended.transpose(1, 2).reshape(b, t, -1), p[f"{i}.o"])
-        h = rms_norm(x, p[f"{i}.post_norm"], s.norm_eps)
-        gate, up = F.linear(h, p[f"{i}.gate_up"]).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, p[f"{i}.down"])
+        block = _mlp_block_compiled if x.is_cuda else mlp_block
+        flat = attended.transpose(1, 2).reshape(b, t, -1)
+        return block(x, flat, p[f"{i}.o"], p[f"{i}.post_norm"], p[f"{i}.gate_up"], p[f"{i}.down"], self.shape.norm_eps)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """x [b, hidden] -> logits [b, vocab] in the model's dtype."""
@@ -264,15 +285,14 @@ class StaticEngine:
         x = F.embedding(st["token"][:, None], self._params["embed"])  # [b, 1, hidden]
         valid = st["valid"][:, None, None, :length]
         group = s.num_attention_heads // s.num_kv_heads
+        attend = _cached_attention_compiled if x.is_cuda else cached_attention
         for i, (k_cache, v_cache) in enumerate(self._kv_cache()):
             q, k, v = self._attention_inputs(i, x, angles)
             k_cache[:rows].index_copy_(2, st["slot"], k)
             v_cache[:rows].index_copy_(2, st["slot"], v)
             keys, values = k_cache[:rows, :, :length], v_cache[:rows, :, :length]  # [b, kv, L, d]
             q = q.view(rows, s.num_kv_heads, group, s.head_dim)
-            scores = torch.matmul(q, keys.transpose(-1, -2)).float() / math.sqrt(s.head_dim)  # [b, kv, g, L]
-            probs = scores.masked_fill(~valid, float("-inf")).softmax(-1).to(self.dtype)
-            attended = torch.matmul(probs, values).view(rows, s.num_attention_heads, 1, s.head_dim)
+            attended = attend(q, keys, values, valid).view(rows, s.num_attention_heads, 1, s.head_dim)
             x = self._finish_layer(i, x, attended)
         self._sample(self._logits(x[:, 0]), st, mode)
         st["tokens"].index_copy_(1, st["step"], st["token"][:, None])

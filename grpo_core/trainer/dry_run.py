@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_core.config import GRPOConfig, load_config, to_yaml
-from grpo_core.config.validate import Report, check_config
+from grpo_core.config.validate import Report, check_config, update_micro_batch
 from grpo_core.models.shape import ModelShape, ModelShapeError, load_model_shape
 
 
@@ -76,7 +76,7 @@ def _memory_table(run: ResolvedRun) -> Table:
             "in host memory, step on CPU" if "optimizer" in off else sharding,
         ),
         (
-            f"activations ({actor.ppo_micro_batch_size_per_gpu} x {seq} tokens)",
+            f"activations ({update_micro_batch(cfg)} x {seq} tokens)",
             m.activations,
             "recomputed" if run.config.actor_rollout_ref.model.enable_gradient_checkpointing else "",
         ),

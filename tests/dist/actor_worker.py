@@ -45,7 +45,12 @@ def with_old_and_ref(batch: RolloutBatch, log_probs: torch.Tensor) -> RolloutBat
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hf-dir", required=True)
-    parser.add_argument("--layouts", required=True, help="tp,pp[,flags];... flags: r recompute, h fp16, b bf16")
+    parser.add_argument(
+        "--layouts",
+        required=True,
+        help="tp,pp[,flags];... flags: r recompute, h fp16, b bf16, p packed sequences, "
+        "t micro-batches by a token budget",
+    )
     parser.add_argument("--learn-steps", type=int, default=0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -63,7 +68,12 @@ def main() -> None:
             layout=layout,
             dtype=dtype,
             recompute="r" in flags,
-            initial_loss_scale=1024.0,  # the tiny model's per-token gradients are large: 2^16 overflows lr=1e-3 if args.learn_steps else 1e-5, mini_batch_rows=8, micro_batch_rows=2,
+            pack_sequences="p" in flags,
+            micro_batch_tokens=19 if "t" in flags else None,  # DP2: 3 micro-batches on rank 0, 2 on rank 1
+            initial_loss_scale=1024.0,  # the tiny model's per-token gradients are large: 2^16 overflows
+            lr=1e-3 if args.learn_steps else 1e-5,
+            mini_batch_rows=8,
+            micro_batch_rows=2,
             loss=LossSettings(kl_loss_coef=0.1, entropy_coeff=0.01, clip_ratio=0.2),
         )
         policy = MegatronActor(shape, settings, hf_path=args.hf_dir)
@@ -82,7 +92,10 @@ def main() -> None:
             "response_mask": batch.response_mask.tolist(),
             "ref_offloaded_bytes": offloaded,
             "actor_offloaded_bytes": grads_offloaded,
-            "ref_equals_initial_policy": torch.equal(ref_after, log_probs),
+            # packed rows are sliced at other memory offsets from call to call, and CPU GEMM kernels round by
+            # alignment: frozen means unchanged to 1e-6, two orders below what one update moves
+            "ref_change": (ref_after - log_probs).abs().max().item(),
+            "policy_change": (policy.compute_log_prob(batch)[0] - log_probs).abs().max().item(),
         }
         if args.learn_steps:
             for _ in range(args.learn_steps):
