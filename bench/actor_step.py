@@ -4,7 +4,7 @@
     python bench/actor_step.py --impl hf --model Qwen/Qwen2.5-7B --batch 4
 
 Same model config, same batch (``--batch`` rows per data-parallel rank of ``--seq`` tokens, no padding),
-bf16. Phases, each the mean of ``--steps`` after ``--warmup``:
+bf16. Phases, each the median of ``--steps`` after ``--warmup``:
 - fwd+bwd: megatron: the GRPO loss (log-probs of the last ``--response`` tokens from the vocab-parallel
   logits, clipped policy loss, low-var KL) and its backward, gradients reduced over DP, no optimizer step;
   HF: ``model(input_ids, labels=input_ids).loss.backward()`` per micro-batch (SDPA attention), the usual
@@ -18,9 +18,11 @@ Tokens/s are per GPU; FLOPs per token = 6 N + 6 L h s (causal attention), as in
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
+import yaml
 
 
 def synchronize() -> None:
@@ -29,14 +31,17 @@ def synchronize() -> None:
 
 
 def timed(fn, warmup: int, steps: int) -> float:
+    """The median step: a one-off stall (a recompile, the allocator) does not move it."""
     for _ in range(warmup):
         fn()
-    synchronize()
-    start = time.perf_counter()
+    times = []
     for _ in range(steps):
+        synchronize()
+        start = time.perf_counter()
         fn()
-    synchronize()
-    return (time.perf_counter() - start) / steps
+        synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 KERNEL_KINDS = {
@@ -46,26 +51,40 @@ KERNEL_KINDS = {
 }
 
 
+MEMORY_OPS = ("aten::copy_", "aten::fill_", "aten::zero_", "aten::cat", "aten::mul_", "aten::add_", "aten::mul")
+
+
 def kernel_breakdown(fn) -> dict:
     """GPU time of one call of ``fn`` by kind of kernel (ms), the kernel count and the wall time (ms):
-    what the step is bound by. Whatever is not GEMM, attention or NCCL is element-wise work and copies."""
+    what the step is bound by. Whatever is not GEMM, attention or NCCL is element-wise work and copies;
+    the largest of those kernels, and the copies/fills/adds by the shapes they ran on, say what to fuse next."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     fn()
     synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         start = time.perf_counter()
         fn()
         synchronize()
         wall = time.perf_counter() - start
     out = dict.fromkeys([*KERNEL_KINDS, "other"], 0.0) | {"kernels": 0, "wall": wall * 1e3}
-    for event in prof.key_averages():
+    others, ops = [], []
+    for event in prof.key_averages(group_by_input_shape=True):
+        if event.device_type != DeviceType.CUDA:
+            if event.key in MEMORY_OPS and event.device_time_total > 0:
+                ops.append((round(event.device_time_total / 1e3, 2), event.count, event.key, str(event.input_shapes)))
+            continue
         ms = event.self_device_time_total / 1e3
-        if ms <= 0:
+        if ms <= 0 or event.key.startswith("## "):  # "## Call CompiledFxGraph": a range over kernels listed too
             continue
         kind = next((k for k, marks in KERNEL_KINDS.items() if any(m in event.key.lower() for m in marks)), "other")
         out[kind] += ms
         out["kernels"] += event.count
+        if kind == "other":
+            others.append((round(ms, 2), event.count, event.key[:120]))
+    out["top_other"] = sorted(others, reverse=True)[:15]  # (ms, calls, kernel)
+    out["top_memory_ops"] = sorted(ops, reverse=True)[:15]  # (ms, calls, op, input shapes)
     return out
 
 
@@ -91,6 +110,7 @@ def megatron_phases(args, shape) -> tuple[dict, int, int]:
         mini_batch_rows=rows,
         micro_batch_rows=args.micro_batch,
         loss=LossSettings(kl_loss_coef=0.001),
+        transformer_overrides={k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.override)} or None,
     )
     policy = MegatronActor(shape, settings, hf_path=None)
     g = torch.Generator().manual_seed(0)
@@ -156,6 +176,13 @@ def main() -> None:
     p.add_argument("--no-sequence-parallel", action="store_true")
     p.add_argument("--skip-update", action="store_true", help="no optimizer (a model too big for its states)")
     p.add_argument("--profile", action="store_true", help="also break one fwd+bwd down by kernel kind")
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="FLAG=VALUE",
+        help="a TransformerConfig override (override_transformer_config), e.g. apply_rope_fusion=false",
+    )
     p.add_argument("--label", default="", help="a note for the table (e.g. what was switched off)")
     p.add_argument("--out", default="actor_step.json")
     args = p.parse_args()

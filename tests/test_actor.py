@@ -66,6 +66,33 @@ def test_every_layout_gives_the_same_update(layouts):
     assert 0 < ref["metrics"]["actor/pg_clipfrac"] < 1  # the synthetic old log-probs exercise clipping
 
 
+def test_the_update_gradient_is_autograd_of_the_grpo_loss_on_the_hf_model(layouts, tiny_llama):
+    """The actor normalises each micro-batch's loss sum by the whole mini-batch's token count before the backward;
+    its gradient norm must be that of the same token-mean GRPO loss differentiated through the HF model."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_core.actor.loss import LossSettings, grpo_loss
+    from grpo_core.models.shape import load_model_shape
+    from tests.dist.actor_worker import synthetic_batch, with_old_and_ref
+
+    ref = layouts["tp1_pp1_dp1"]
+    batch = synthetic_batch(load_model_shape(tiny_llama).vocab_size)
+    batch = with_old_and_ref(batch, torch.tensor(ref["log_probs"]))
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32, attn_implementation="eager")
+    logits = model(batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids).logits
+    total, r = batch.input_ids.shape[1], batch.response_length
+    log_p = logits[:, total - r - 1 : total - 1].log_softmax(-1)
+    lp = log_p.gather(-1, batch.responses.unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    settings = LossSettings(kl_loss_coef=0.1, entropy_coeff=0.01, clip_ratio=0.2)  # as the worker's
+    loss_sum, denominator, _ = grpo_loss(
+        lp, entropy, batch.old_log_probs, batch.advantages, batch.response_mask, batch.ref_log_probs, settings
+    )
+    (loss_sum / denominator).backward()
+    grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()
+    assert ref["metrics"]["actor/grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
+
+
 def test_fp16_with_loss_scaling_matches_fp32_to_its_precision(layouts):
     ref, half = layouts["tp1_pp1_dp1"]["metrics"], layouts["tp1_pp1_dp1_h"]["metrics"]
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy"):
@@ -246,3 +273,14 @@ def test_packed_rope_restarts_positions_like_megatrons_per_sequence_loop():
     cu = torch.tensor([0, 5, 7, 12], dtype=torch.int32)
     ref = _apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=OneRank())
     torch.testing.assert_close(fused._rope_thd(t, cu, freqs), ref, atol=1e-6, rtol=0)
+
+
+def test_swiglu_backward_is_the_autograd_gradient_of_silu_gate_times_up():
+    from grpo_core.models import fused
+
+    torch.manual_seed(0)
+    y = torch.randn(6, 10, dtype=torch.float64, requires_grad=True)  # [gate | up]
+    g = torch.randn(6, 5, dtype=torch.float64)
+    gate, up = y.chunk(2, -1)
+    (torch.nn.functional.silu(gate) * up).backward(g)
+    torch.testing.assert_close(fused._swiglu_back(g, y.detach()), y.grad, atol=1e-12, rtol=0)

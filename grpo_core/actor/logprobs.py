@@ -15,6 +15,8 @@ log-prob costs about three reads of the bf16 logits and one write of their gradi
 import torch
 from megatron.core import parallel_state as ps
 
+from grpo_core.models import fused
+
 
 def _masked(logits: torch.Tensor, vocab_start: int, vocab_size: int) -> torch.Tensor:
     """fp32 logits, -inf at padding columns (those at or past ``vocab_size``)."""
@@ -56,12 +58,15 @@ def _logits_grad(
     return grad.to(logits.dtype)
 
 
-_compiled = {f: torch.compile(f, dynamic=True) for f in (_row_max, _exp_sums, _logits_grad)}
+_compiled = {f: torch.compile(f) for f in (_row_max, _exp_sums, _logits_grad)}
 
 
-def _kernel(f, x: torch.Tensor):
-    """The fused (compiled) version on GPUs; eager on a CPU, where compiling would cost more than it saves."""
-    return _compiled[f] if x.is_cuda else f
+def _kernel(f, *args):
+    """``f`` fused (compiled) on GPUs, the token count symbolic and the vocabulary fixed (see ``fused.token_dims``);
+    eager on a CPU, where compiling would cost more than it saves."""
+    if not args[0].is_cuda:
+        return f(*args)
+    return _compiled[f](*(fused.token_dims(a, 0) if isinstance(a, torch.Tensor) else a for a in args))
 
 
 def _all_reduce(x: torch.Tensor, op=torch.distributed.ReduceOp.SUM) -> torch.Tensor:
@@ -73,12 +78,12 @@ def _all_reduce(x: torch.Tensor, op=torch.distributed.ReduceOp.SUM) -> torch.Ten
 class _VocabParallelLogProb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, labels, vocab_size, entropy_grad):
-        vocab_local = logits.shape[-1]
+        shape = logits.shape
+        logits, labels = logits.reshape(-1, shape[-1]), labels.reshape(-1)  # [tokens, V/TP]
+        vocab_local = shape[-1]
         vocab_start = ps.get_tensor_model_parallel_rank() * vocab_local
-        row_max = _all_reduce(
-            _kernel(_row_max, logits)(logits, vocab_start, vocab_size), torch.distributed.ReduceOp.MAX
-        )
-        sum_exp, sum_es = _all_reduce(_kernel(_exp_sums, logits)(logits, row_max, vocab_start, vocab_size))
+        row_max = _all_reduce(_kernel(_row_max, logits, vocab_start, vocab_size), torch.distributed.ReduceOp.MAX)
+        sum_exp, sum_es = _all_reduce(_kernel(_exp_sums, logits, row_max, vocab_start, vocab_size))
 
         local = labels - vocab_start
         in_range = (local >= 0) & (local < vocab_local)
@@ -92,17 +97,28 @@ class _VocabParallelLogProb(torch.autograd.Function):
         ctx.save_for_backward(logits, local, row_max, log_z, entropy)
         ctx.vocab = (vocab_start, vocab_size)
         ctx.entropy_grad = entropy_grad
+        ctx.shape = shape
+        entropy = entropy.view(shape[:-1])
         if not entropy_grad:
             ctx.mark_non_differentiable(entropy)
-        return log_prob, entropy
+        return log_prob.view(shape[:-1]), entropy
 
     @staticmethod
     def backward(ctx, grad_log_prob, grad_entropy):
         logits, local, row_max, log_z, entropy = ctx.saved_tensors
-        grad = _kernel(_logits_grad, logits)(
-            logits, local, row_max, log_z, entropy, grad_log_prob, grad_entropy, *ctx.vocab, ctx.entropy_grad
+        grad = _kernel(
+            _logits_grad,
+            logits,
+            local,
+            row_max,
+            log_z,
+            entropy,
+            grad_log_prob.reshape(-1),
+            grad_entropy.reshape(-1),
+            *ctx.vocab,
+            ctx.entropy_grad,
         )
-        return grad, None, None, None
+        return grad.view(ctx.shape), None, None, None
 
 
 def log_probs_and_entropy(

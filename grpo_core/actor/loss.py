@@ -1,8 +1,9 @@
 """The actor's GRPO loss for one micro-batch: clipped policy loss + KL loss - entropy bonus.
 
-Returned as (sum, denominator): megatron adds the sums of all micro-batches and data-parallel ranks and
-divides the gradients by the summed denominators (``calculate_per_token_loss``), so the update equals
-one pass over the whole mini-batch however it is split across micro-batches, DP ranks and PP stages.
+Returned as (sum, denominator). The actor divides each sum by the denominators summed over the mini-batch's
+micro-batches and data-parallel ranks before the backward (megatron's ``calculate_per_token_loss``, with the
+division moved from the gradients to the loss), so the update equals one pass over the whole mini-batch
+however it is split across micro-batches, DP ranks and PP stages.
 """
 
 from dataclasses import dataclass

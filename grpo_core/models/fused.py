@@ -9,7 +9,8 @@ on what torch can provide instead, on GPUs only (on a CPU compiling costs more t
 - RoPE: a compiled rotate-half, given to megatron through its ``apply_rope_fusion`` hooks
   (``rope_utils.fused_apply_rotary_pos_emb`` and its packed-sequence ``_thd`` twin, which TE would fill);
 - attention over packed sequences: torch's variable-length flash kernel (``varlen_causal_attention``);
-- SwiGLU: megatron's own ``bias_activation_fusion`` (its ``jit_fuser`` is ``torch.compile``);
+- SwiGLU: megatron's own ``bias_activation_fusion`` (its ``jit_fuser`` is ``torch.compile``), its backward
+  replaced by one that reads its inputs once (``_swiglu_back``);
 - weight-gradient accumulation: ``gradient_accumulation_fusion`` writes each weight gradient straight
   into its fp32 ``main_grad`` from the GEMM (cuBLAS with bf16 inputs and an fp32 accumulator, through
   ``torch.addmm(..., out_dtype=float32)``) instead of a bf16 gradient plus an fp32 add, which for a 7B
@@ -54,12 +55,42 @@ def _rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> to
     return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
 
 
-_rope_compiled = torch.compile(_rope, dynamic=True)
+def token_dims(t: torch.Tensor, *dims: int) -> torch.Tensor:
+    """Mark ``dims`` of ``t`` (token counts: they change with every micro-batch) symbolic for ``torch.compile``
+    and specialise the rest (heads, head size, vocabulary). With every size symbolic, each element's index costs
+    integer divisions by run-time values: on an H200 that made the compiled RoPE and log-prob gradient run at a
+    fifth to a quarter of the memory bandwidth."""
+    for d in range(t.dim()):
+        if d in dims:
+            torch._dynamo.maybe_mark_dynamic(t, d)
+        else:
+            torch._dynamo.mark_static(t, d)
+    return t
+
+
+_rope_compiled = torch.compile(_rope)  # called with token_dims marked (megatron's hooks below)
+
+
+def _engine_rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    # a function of its own: torch.compile keeps a bounded number of graphs per function (8), and megatron's
+    # calls (q and k, with and without grad, padded or packed) already take up to that many of _rope's
+    return _rope(t, freqs, interleaved)
+
+
+_engine_rope_compiled = torch.compile(_engine_rope, dynamic=True)  # prefill and decode: one graph each
 
 
 def rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
-    """Rotate-half RoPE of ``t`` by the angles ``freqs`` (broadcast against it), cos/sin in ``t``'s dtype as HF."""
-    return (_rope_compiled if t.is_cuda else _rope)(t, freqs, interleaved)
+    """Rotate-half RoPE of the engine's ``t`` [b, heads, s, d] by the angles ``freqs`` [b, 1, s, d], cos/sin in
+    ``t``'s dtype as HF."""
+    return (_engine_rope_compiled if t.is_cuda else _rope)(t, freqs, interleaved)
+
+
+def _rope_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """megatron's ``fused_apply_rotary_pos_emb`` hook: t [s, b, heads, d], freqs [s, 1, 1, d]."""
+    if not t.is_cuda:
+        return _rope(t, freqs, interleaved)
+    return _rope_compiled(token_dims(t, 0, 1), token_dims(freqs, 0), interleaved)
 
 
 def _rope_thd(
@@ -72,7 +103,7 @@ def _rope_thd(
     cu = cu_seqlens.long()
     starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1], output_size=t.shape[0])
     positions = torch.arange(t.shape[0], device=t.device) - starts
-    return rope(t.unsqueeze(1), freqs[positions], **kwargs).squeeze(1)
+    return _rope_bshd(t.unsqueeze(1), freqs[positions], **kwargs).squeeze(1)
 
 
 def install_fused_rope() -> None:
@@ -80,7 +111,7 @@ def install_fused_rope() -> None:
     from megatron.core.models.common.embeddings import rope_utils
 
     if rope_utils.fused_apply_rotary_pos_emb is None:
-        rope_utils.fused_apply_rotary_pos_emb = _rope_compiled
+        rope_utils.fused_apply_rotary_pos_emb = _rope_bshd
     if rope_utils.fused_apply_rotary_pos_emb_thd is None:
         rope_utils.fused_apply_rotary_pos_emb_thd = _rope_thd
 
@@ -110,6 +141,28 @@ def varlen_causal_attention(
             k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
     cu = cu_seqlens.to(torch.int32)
     return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, **kwargs)
+
+
+def _swiglu_back(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """megatron's ``swiglu_back`` (y = [gate, up], g = d silu(gate) * up), each half of the gradient stored by the
+    same kernel from one read of ``g`` and ``y``; megatron's ``torch.cat`` form reads them again for each half."""
+    gate, up = torch.chunk(y, 2, -1)
+    sig = torch.sigmoid(gate)
+    out = torch.empty_like(y)
+    d_gate, d_up = torch.chunk(out, 2, -1)
+    d_gate.copy_(g * sig * (1 + gate * (1 - sig)) * up)
+    d_up.copy_(g * gate * sig)
+    return out
+
+
+_swiglu_back_compiled = torch.compile(_swiglu_back)
+
+
+def install_swiglu_back() -> None:
+    """Put ``_swiglu_back``, compiled, where megatron's SwiGLU autograd function looks its backward up."""
+    from megatron.core.fusions import fused_bias_swiglu
+
+    fused_bias_swiglu.swiglu_back = _swiglu_back_compiled
 
 
 def _wgrad_accum_fp32(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
@@ -178,17 +231,23 @@ def install_optimizer_kernels() -> None:
 
 def use_fused_adam(megatron_optimizer) -> bool:
     """Step torch's AdamW with its fused kernel (megatron builds it with the default, per-tensor foreach
-    one, when TE/Apex are missing). GPUs only; False where the states are not on one."""
+    one, when TE/Apex are missing), after building the optimizer and after loading a checkpoint into it.
+    The fused kernel wants Adam's ``step`` counters on the parameters' device, where the foreach one (and a
+    checkpoint written by it) keeps them on the host. False where there is no torch Adam to switch."""
     inner = getattr(megatron_optimizer, "chained_optimizers", [megatron_optimizer])
     adams = [
         o.optimizer for o in inner if isinstance(getattr(o, "optimizer", None), torch.optim.Adam | torch.optim.AdamW)
     ]
     params = [p for opt in adams for group in opt.param_groups for p in group["params"]]
-    if not adams or not all(p.is_cuda and p.is_floating_point() for p in params):
+    if not params or not all(p.is_floating_point() and p.device == params[0].device for p in params):
         return False
     for opt in adams:
         for group in opt.param_groups:
             group["fused"], group["foreach"] = True, False
+            for p in group["params"]:
+                state = opt.state.get(p, {})
+                if isinstance(state.get("step"), torch.Tensor):
+                    state["step"] = state["step"].to(device=p.device, dtype=torch.float32)
     return True
 
 
@@ -196,10 +255,11 @@ def fusion_flags(overrides: dict) -> dict:
     """The TransformerConfig flags for the kernels available here, installing what they need; the run's
     ``override_transformer_config`` (``overrides``) still wins. None on a CPU."""
     if not torch.cuda.is_available():
-        if overrides.get("apply_rope_fusion"):  # asked for on a CPU: the compiled RoPE serves it there too
+        if overrides.get("apply_rope_fusion"):  # asked for on a CPU: our RoPE serves it there too, eagerly
             install_fused_rope()
         return {}
     install_fused_rope()
+    install_swiglu_back()
     flags = {"bias_activation_fusion": True, "apply_rope_fusion": True}
     if install_wgrad_accumulation():
         flags["gradient_accumulation_fusion"] = True

@@ -84,7 +84,7 @@ def mlp_block(x, attended, o, post_norm, gate_up, down, eps: float) -> torch.Ten
 # On GPUs the element-wise work between the GEMMs is fused (measured at 2,048 rows: ~10 of the decode
 # step's 25.8 ms were element-wise kernels); the same functions run eagerly on CPUs.
 _cached_attention_compiled = torch.compile(cached_attention)
-_mlp_block_compiled = torch.compile(mlp_block, dynamic=True)
+_mlp_block_compiled = torch.compile(mlp_block)  # sizes that change (rows, tokens) turn symbolic after one recompile
 
 
 def unsupported(shape: ModelShape) -> str | None:
