@@ -69,21 +69,15 @@ def token_dims(t: torch.Tensor, *dims: int) -> torch.Tensor:
 
 
 _rope_compiled = torch.compile(_rope)  # called with token_dims marked (megatron's hooks below)
-
-
-def _engine_rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    # a function of its own: torch.compile keeps a bounded number of graphs per function (8), and megatron's
-    # calls (q and k, with and without grad, padded or packed) already take up to that many of _rope's
-    return _rope(t, freqs, interleaved)
-
-
-_engine_rope_compiled = torch.compile(_engine_rope, dynamic=True)  # prefill and decode: one graph each
+# The engine's: prefill and decode shapes in one graph each. torch.compile keeps at most 8 graphs per function,
+# shared by both wrappers: megatron's q and k, with and without grad, take 4 per layout (padded or packed).
+_rope_dynamic = torch.compile(_rope, dynamic=True)
 
 
 def rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """Rotate-half RoPE of the engine's ``t`` [b, heads, s, d] by the angles ``freqs`` [b, 1, s, d], cos/sin in
     ``t``'s dtype as HF."""
-    return (_engine_rope_compiled if t.is_cuda else _rope)(t, freqs, interleaved)
+    return (_rope_dynamic if t.is_cuda else _rope)(t, freqs, interleaved)
 
 
 def _rope_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
