@@ -71,9 +71,9 @@ def test_the_update_gradient_is_autograd_of_the_grpo_loss_on_the_hf_model(layout
     its gradient norm must be that of the same token-mean GRPO loss differentiated through the HF model."""
     from transformers import AutoModelForCausalLM
 
-    from grpo_core.actor.loss import LossSettings, grpo_loss
+    from grpo_core.actor.loss import grpo_loss
     from grpo_core.models.shape import load_model_shape
-    from tests.dist.actor_worker import synthetic_batch, with_old_and_ref
+    from tests.dist.actor_worker import LOSS, synthetic_batch, with_old_and_ref
 
     ref = layouts["tp1_pp1_dp1"]
     batch = synthetic_batch(load_model_shape(tiny_llama).vocab_size)
@@ -84,9 +84,8 @@ def test_the_update_gradient_is_autograd_of_the_grpo_loss_on_the_hf_model(layout
     log_p = logits[:, total - r - 1 : total - 1].log_softmax(-1)
     lp = log_p.gather(-1, batch.responses.unsqueeze(-1)).squeeze(-1)
     entropy = -(log_p.exp() * log_p).sum(-1)
-    settings = LossSettings(kl_loss_coef=0.1, entropy_coeff=0.01, clip_ratio=0.2)  # as the worker's
     loss_sum, denominator, _ = grpo_loss(
-        lp, entropy, batch.old_log_probs, batch.advantages, batch.response_mask, batch.ref_log_probs, settings
+        lp, entropy, batch.old_log_probs, batch.advantages, batch.response_mask, batch.ref_log_probs, LOSS
     )
     (loss_sum / denominator).backward()
     grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()

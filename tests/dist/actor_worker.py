@@ -19,6 +19,9 @@ from grpo_core.models.shape import load_model_shape
 from grpo_core.planning.layout import ParallelLayout
 
 
+LOSS = LossSettings(kl_loss_coef=0.1, entropy_coeff=0.01, clip_ratio=0.2)  # every layout's update
+
+
 def synthetic_batch(vocab: int, rows: int = 8, prompt: int = 6, response: int = 5) -> RolloutBatch:
     g = torch.Generator().manual_seed(1234)
     ids = torch.randint(0, vocab, (rows, prompt + response), generator=g)
@@ -74,7 +77,7 @@ def main() -> None:
             lr=1e-3 if args.learn_steps else 1e-5,
             mini_batch_rows=8,
             micro_batch_rows=2,
-            loss=LossSettings(kl_loss_coef=0.1, entropy_coeff=0.01, clip_ratio=0.2),
+            loss=LOSS,
         )
         policy = MegatronActor(shape, settings, hf_path=args.hf_dir)
         reference = MegatronActor(shape, settings, hf_path=args.hf_dir, trainable=False)
