@@ -5,6 +5,7 @@ configuration or input, 1 for anything else; never a bare traceback.
 """
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from grpo_core.config import ConfigError, iter_settings
+from grpo_core.config.load import resolve_config_file
 
 EXIT_INVALID = 2
 EXIT_FAILURE = 1  # also a missing package: the configuration is valid, this environment cannot run it
@@ -29,7 +31,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from grpo_core.config.validate import missing_rendezvous
     from grpo_core.diagnostics.advice import missing_dependencies
     from grpo_core.trainer.checkpoint import CheckpointManager, read_trainer_state
-    from grpo_core.trainer.dry_run import render_dry_run, resolve_run
+    from grpo_core.trainer.dry_run import print_notes_and_warnings, render_dry_run, resolve_run
 
     run = resolve_run(args.config, args.overrides)
     if run.report.errors:
@@ -47,8 +49,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     resume_from = CheckpointManager.for_run(run.config.trainer).resolve_resume(run.config.trainer.resume_mode)
     if resume_from is not None:
         read_trainer_state(resume_from)  # an unreadable checkpoint fails here, in one line, not in every rank
-    for warning in run.report.warnings:
-        err_console.print(f"warning: {warning}", style="yellow", markup=False, soft_wrap=True)
+    print_notes_and_warnings(run.report, err_console)
     if missing := missing_dependencies(run.config):
         for line in missing:
             err_console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
@@ -190,11 +191,12 @@ def cmd_convert_gguf(args: argparse.Namespace) -> int:
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     """The Prefect flow in this process: Prefect's ephemeral API unless PREFECT_API_URL names a server."""
-    from grpo_core.trainer.dry_run import resolve_run
+    from grpo_core.trainer.dry_run import print_notes_and_warnings, resolve_run
 
     run = resolve_run(args.config, args.overrides)
     if run.report.errors:
         raise ConfigError(run.report.errors, run.report.warnings)
+    print_notes_and_warnings(run.report, err_console)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from offline machines
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # busy small machines
     from flows.grpo_pipeline import grpo_pipeline
@@ -247,14 +249,39 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
+    """Every key a verl user may give, in its class: a setting, another spelling, no effect here, or not offered."""
+    from grpo_core.config import verl_keys
+    from grpo_core.config.load import ALIASES, PREFIX_ALIASES, SPLIT_ALIASES
+
+    lines = []
     for key, f in iter_settings():
-        if args.prefix and not key.startswith(args.prefix):
-            continue
         default = f.default_factory() if callable(f.default_factory) else f.default
         kind = f.type.__name__ if isinstance(f.type, type) else str(f.type).replace("typing.", "")
         choices = f" {list(f.metadata['choices'])}" if f.metadata.get("choices") else ""
-        print(f"{key} ({kind}) = {default!r}: {f.metadata['help']}{choices}")
+        lines.append((key, f"{key} ({kind}) = {default!r}: {f.metadata['help']}{choices}"))
+    aliases = {**ALIASES, **{p + "*": c + "*" for p, c in PREFIX_ALIASES.items()}}
+    aliases |= {k: " and ".join(v) for k, v in SPLIT_ALIASES.items()}
+    lines += [(alias, f"{alias} [alias]: another spelling of {target}") for alias, target in aliases.items()]
+    for e in verl_keys.IGNORED_AND_REFUSED:
+        if e.refused:
+            off = f" (accepted with no effect when {' or '.join(json.dumps(v) for v in e.off)})" if e.off else ""
+            lines.append((e.pattern, f"{e.pattern} [not offered]: {e.reason}{off}"))
+        else:
+            lines.append((e.pattern, f"{e.pattern} [no effect]: {e.reason}"))
+    for (key, value), feature in verl_keys.REFUSED_VALUES.items():
+        lines.append((key, f"{key}={value} [not offered]: {feature}"))
+    for key, line in lines:
+        if key.startswith(args.prefix):
+            print(line)
     return 0
+
+
+def _config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML file (configs/*.yaml); defaults apply without one")
+    parser.add_argument("--config-path", help="Hydra-style: the directory of --config-name")
+    parser.add_argument(
+        "--config-name", help="Hydra-style: DIR/NAME.yaml; verl's ppo_megatron_trainer / ppo_trainer mean the defaults"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -262,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train (or check with --dry-run) a configuration")
-    train.add_argument("--config", help="YAML file (configs/*.yaml); defaults apply without one")
+    _config_arguments(train)
     train.add_argument("--dry-run", action="store_true", help="resolve, check and estimate memory; start nothing")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="or +key=value (verl's keys)")
     train.set_defaults(func=cmd_train)
@@ -309,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline = sub.add_parser(
         "pipeline", help="prepare, evaluate, train, evaluate: the Prefect flow, tracked in MLflow"
     )
-    pipeline.add_argument("--config", help="YAML file (configs/*.yaml)")
+    _config_arguments(pipeline)
     pipeline.add_argument("--fresh", action="store_true", help="train in a new directory instead of reusing results")
     pipeline.add_argument("overrides", nargs="*", metavar="key=value")
     pipeline.set_defaults(func=cmd_pipeline)
@@ -322,7 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.set_defaults(func=cmd_compare)
 
-    keys = sub.add_parser("keys", help="list every config key with its type, default and help")
+    keys = sub.add_parser(
+        "keys", help="every config key, verl's too: a setting (type, default, help) or why it has none"
+    )
     keys.add_argument("prefix", nargs="?", default="", help="only keys starting with this")
     keys.set_defaults(func=cmd_keys)
     return parser
@@ -344,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if hasattr(args, "config_name"):
+            args.config = resolve_config_file(args.config, args.config_path, args.config_name)
         return args.func(args)
     except ConfigError as e:
         for problem in e.problems:

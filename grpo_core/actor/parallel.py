@@ -12,7 +12,7 @@ from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from grpo_core.planning.layout import ParallelLayout
 
 
-def init_distributed(timeout_minutes: int = 30) -> None:
+def init_distributed(timeout_s: float = 1800) -> None:
     """Join the torchrun job (env://): NCCL on GPUs, gloo on CPU. A single process works without torchrun."""
     if dist.is_initialized():
         return
@@ -24,7 +24,7 @@ def init_distributed(timeout_minutes: int = 30) -> None:
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, timeout=timedelta(minutes=timeout_minutes))
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
 
 
 def _free_port() -> int:
@@ -33,9 +33,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_model_parallel(layout: ParallelLayout, seed: int) -> None:
+def init_model_parallel(layout: ParallelLayout, seed: int, timeout_s: float = 1800) -> None:
     """(Re)build megatron's TP/PP/CP/EP groups for ``layout`` and seed its RNG tracker."""
-    init_distributed()
+    init_distributed(timeout_s)
     if layout.world_size != dist.get_world_size():
         raise ValueError(f"layout expects {layout.world_size} processes, the job has {dist.get_world_size()}")
     if ps.model_parallel_is_initialized():

@@ -1,9 +1,10 @@
 """Load a YAML config and ``key=value`` overrides into a ``GRPOConfig``.
 
 OmegaConf does the typing and merging. This module adds what users of verl's guide expect on top:
-the guide's alternative spellings (aliases), "did you mean" for unknown keys, every problem reported
-at once with its file and line (or the override that caused it), and Hydra's ``+key=value`` rule for
-adding keys to free-form sections.
+the guide's alternative spellings (aliases), verl's keys that have no effect here (a note each) or select a
+feature not offered (an error naming it; ``verl_keys.py``), "did you mean" for unknown keys, every problem
+reported at once with its file and line (or the override that caused it), Hydra's ``+key=value`` rule for
+adding keys to free-form sections, and Hydra's ``--config-path/--config-name``.
 """
 
 import difflib
@@ -16,14 +17,31 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from grpo_core.config import verl_keys
 from grpo_core.config.schema import FREE_FORM_KEYS, GRPOConfig, iter_settings
 
 ALIASES = {
     "algorithm.group_size": "actor_rollout_ref.rollout.n",
     "actor_rollout_ref.actor.kl_coeff": "actor_rollout_ref.actor.kl_loss_coef",
     "actor_rollout_ref.actor.gradient_clipping": "actor_rollout_ref.actor.grad_clip",
+    "actor_rollout_ref.actor.optim.clip_grad": "actor_rollout_ref.actor.grad_clip",
 }
-"""The guide's spellings -> verl's keys. Both are accepted; setting both differently in one place is an error."""
+"""The guide's (and verl's other) spellings -> this tree's keys. Both are accepted; setting both differently in
+one place is an error."""
+
+PREFIX_ALIASES = {"actor_rollout_ref.actor.optimizer.": "actor_rollout_ref.actor.optim."}
+"""Whole sections under another name: the guide writes ``actor.optimizer.lr``, verl ``actor.optim.lr``."""
+
+SPLIT_ALIASES = {
+    "actor_rollout_ref.actor.optim.betas": (
+        "actor_rollout_ref.actor.optim.adam_beta1",
+        "actor_rollout_ref.actor.optim.adam_beta2",
+    ),
+}
+"""verl's list-valued keys whose items are separate settings here."""
+
+VERL_CONFIG_NAMES = ("ppo_megatron_trainer", "ppo_trainer")
+"""``--config-name`` values of verl's own trainer configs: they mean this project's defaults."""
 
 SETTINGS = dict(iter_settings())
 SECTIONS = {key.rsplit(".", i)[0] for key in SETTINGS for i in range(1, key.count(".") + 1)}
@@ -115,13 +133,34 @@ def _read_overrides(overrides: list[str]) -> tuple[list[_Value], list[str]]:
     return values, problems
 
 
+def _alias_target(key: str) -> str | None:
+    if key in ALIASES:
+        return ALIASES[key]
+    for prefix, canonical in PREFIX_ALIASES.items():
+        if key.startswith(prefix):
+            return canonical + key[len(prefix) :]
+    return None
+
+
+def _split_aliases(values: list[_Value]) -> tuple[list[_Value], list[str]]:
+    out, problems = [], []
+    for v in values:
+        targets = SPLIT_ALIASES.get(v.key)
+        if targets is None:
+            out.append(v)
+        elif not isinstance(v.value, list) or len(v.value) != len(targets):
+            problems.append(f"{v.where}: {v.key} must be a list of {len(targets)} values, got {v.value!r}")
+        else:
+            out += [_Value(t, item, v.where, v.add) for t, item in zip(targets, v.value, strict=True)]
+    return out, problems
+
+
 def _resolve_aliases(values: list[_Value]) -> tuple[list[_Value], list[str]]:
-    """Rename the guide's spellings to verl's keys; within one source both spellings must agree."""
-    problems = []
+    """Rename other spellings to this tree's keys; within one source both spellings must agree."""
+    values, problems = _split_aliases(values)
     by_key = {v.key: v for v in values}
-    for alias, canonical in ALIASES.items():
-        if alias not in by_key:
-            continue
+    for alias in [k for k in by_key if _alias_target(k)]:
+        canonical = _alias_target(alias)
         a = by_key.pop(alias)
         c = by_key.get(canonical)
         if c is not None and c.value != a.value:
@@ -129,24 +168,40 @@ def _resolve_aliases(values: list[_Value]) -> tuple[list[_Value], list[str]]:
                 f"{a.where}: {alias}={a.value} conflicts with {canonical}={c.value} ({c.where}); "
                 "they are the same setting, give one"
             )
-        by_key[canonical] = _Value(canonical, a.value, a.where)
+        by_key[canonical] = _Value(canonical, a.value, a.where, a.add)
     return list(by_key.values()), problems
 
 
 def _unknown_key_message(v: _Value) -> str:
     if v.key in SECTIONS:
         return f"{v.where}: '{v.key}' is a section, not a value; set its keys ({v.key}.<key>=...)"
-    guesses = difflib.get_close_matches(v.key, list(SETTINGS) + list(ALIASES), n=2, cutoff=0.75)
+    known = list(SETTINGS) + list(ALIASES) + verl_keys.concrete_keys()
+    guesses = difflib.get_close_matches(v.key, known, n=2, cutoff=0.75)
     hint = "; did you mean " + " or ".join(f"'{g}'" for g in guesses) + "?" if guesses else ""
     return f"{v.where}: unknown key '{v.key}'{hint}"
 
 
-def _apply(cfg: Any, v: _Value, from_file: bool) -> str | None:
-    """Set one value on the structured config; returns a problem or None."""
-    field = SETTINGS.get(v.key)
-    if field is None and not _is_free_form(v.key):
+def _foreign(v: _Value, notes: dict[str, str]) -> str | None:
+    """A verl key that is not a setting here: a problem if it selects a feature not offered, else a note."""
+    entry = verl_keys.find(v.key)
+    if entry is None:
         return _unknown_key_message(v)
-    if field is None and not (v.add or from_file) and OmegaConf.select(cfg, v.key) is None:
+    if entry.refuses(v.value):
+        return f"{v.where}: {v.key}={v.value}: not offered here: {entry.reason}"
+    if entry.refused:  # the switch of a feature not offered, set to off
+        notes[v.key] = f"{v.key}={v.value}: no effect here (it would turn on a feature not offered: {entry.reason})"
+    else:
+        notes[v.key] = f"{v.key}: no effect here: {entry.reason}"
+    return None
+
+
+def _apply(cfg: Any, v: _Value, from_file: bool, notes: dict[str, str]) -> str | None:
+    """Set one value on the structured config; returns a problem or None (verl keys of no effect add a note)."""
+    field = SETTINGS.get(v.key)
+    if field is None and (not _is_free_form(v.key) or verl_keys.find(v.key)):
+        return _foreign(v, notes)
+    preset = v.key.rsplit(".", 1)[-1] in verl_keys.PRESET_TRANSFORMER_KEYS and "override_transformer_config" in v.key
+    if field is None and not (v.add or from_file or preset) and OmegaConf.select(cfg, v.key) is None:
         return f"{v.where}: '{v.key}' is not set yet; add new keys with +{v.key}=..."
     value = v.value
     if field is not None and typing.get_origin(field.type) is list and isinstance(value, str):
@@ -166,7 +221,13 @@ def _type_name(t: Any) -> str:
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> GRPOConfig:
     """Defaults <- YAML file <- overrides, typed by the schema. Raises ConfigError with every problem."""
+    return load_config_with_notes(path, overrides)[0]
+
+
+def load_config_with_notes(path: str | Path | None, overrides: list[str] = ()) -> tuple[GRPOConfig, list[str]]:
+    """``load_config``, and one note per verl key that was given but has no effect here."""
     problems: list[str] = []
+    notes: dict[str, str] = {}
     sources: list[tuple[list[_Value], bool]] = []
     if path is not None:
         file_values, alias_problems = _resolve_aliases(_read_yaml(Path(path)))
@@ -181,12 +242,52 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> GRPOConfi
     cfg = OmegaConf.structured(GRPOConfig)
     for values, from_file in sources:
         for v in values:
-            problem = _apply(cfg, v, from_file)
+            problem = _apply(cfg, v, from_file, notes)
             if problem:
                 problems.append(problem)
     if problems:
         raise ConfigError(problems)
-    return OmegaConf.to_object(cfg)
+    config = OmegaConf.to_object(cfg)
+    problems += _normalise(config)
+    if problems:
+        raise ConfigError(problems)
+    return config, list(notes.values())
+
+
+def _normalise(cfg: GRPOConfig) -> list[str]:
+    """verl's sentinel values, in this tree's terms."""
+    trainer, optim = cfg.trainer, cfg.actor_rollout_ref.actor.optim
+    if trainer.resume_mode == "resume_path":
+        if not trainer.resume_from_path:
+            return ["trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint directory>"]
+        trainer.resume_mode = trainer.resume_from_path
+    if not trainer.default_local_dir:  # verl scripts pass `trainer.default_local_dir=` for its default
+        trainer.default_local_dir = f"checkpoints/{trainer.project_name}/{trainer.experiment_name}"
+    if optim.total_training_steps is not None and optim.total_training_steps <= 0:
+        optim.total_training_steps = None  # verl's -1: from the run's length
+    return []
+
+
+def resolve_config_file(config: str | None, config_path: str | None, config_name: str | None) -> str | None:
+    """``--config FILE``, or Hydra's ``--config-path DIR --config-name NAME``: DIR/NAME(.yaml) when that file
+    exists; verl's own trainer config names mean this project's defaults (no file)."""
+    if config_name is None:
+        if config_path is not None:
+            raise ConfigError([f"--config-path {config_path} needs --config-name NAME"])
+        return config
+    if config is not None:
+        raise ConfigError(["give --config FILE or --config-path/--config-name, not both"])
+    name = config_name.removesuffix(".yaml")
+    for candidate in (Path(config_path or "."), Path.cwd() / (config_path or ".")):
+        for file in (candidate / f"{name}.yaml", candidate / name):
+            if file.is_file():
+                return str(file)
+    if name in VERL_CONFIG_NAMES:
+        return None
+    where = Path(config_path or ".") / f"{name}.yaml"
+    raise ConfigError(
+        [f"--config-name {config_name}: no config file {where} (verl's own names: {list(VERL_CONFIG_NAMES)})"]
+    )
 
 
 def to_yaml(cfg: GRPOConfig) -> str:

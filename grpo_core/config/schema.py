@@ -104,6 +104,11 @@ class RefMegatronConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    loss_mode: str = setting("vanilla", "policy-gradient loss: PPO's clipped ratio with dual clip", ("vanilla",))
+
+
+@dataclass
 class ActorConfig:
     strategy: str = setting("megatron", "training backend", ("megatron",))
     ppo_mini_batch_size: int = setting(256, "prompts per optimizer step (times rollout.n responses)")
@@ -121,7 +126,10 @@ class ActorConfig:
     use_kl_loss: bool = setting(True, "add a KL(actor || reference) term to the loss (GRPO's way)")
     kl_loss_coef: float = setting(0.001, "weight of the KL loss (guide spelling: kl_coeff)")
     kl_loss_type: str = setting("low_var_kl", "KL estimator of the KL loss")
-    grad_clip: float = setting(1.0, "max global gradient norm (guide spelling: gradient_clipping)")
+    grad_clip: float = setting(
+        1.0, "max global gradient norm (guide spelling: gradient_clipping; verl: optim.clip_grad)"
+    )
+    policy_loss: PolicyLossConfig = section(PolicyLossConfig, "the policy-gradient loss")
     optim: OptimConfig = section(OptimConfig, "optimizer and learning-rate schedule")
     megatron: MegatronConfig = section(MegatronConfig, "megatron-core parallel layout and memory options")
 
@@ -137,6 +145,7 @@ class ValKwargs:
     n: int = setting(1, "samples per validation prompt")
     temperature: float = setting(0.0, "validation sampling temperature (0: greedy)")
     top_p: float = setting(1.0, "validation nucleus sampling")
+    top_k: int = setting(-1, "validation top-k sampling (-1: off)")
     do_sample: bool = setting(False, "sample during validation (false: greedy)")
 
 
@@ -146,6 +155,11 @@ class RolloutConfig:
         "vllm",
         "generation engine (static: ours, a static KV cache replayed as CUDA graphs)",
         ("vllm", "hf", "megatron", "static"),
+    )
+    mode: str = setting(
+        "sync",
+        "verl's rollout server mode: both run the engine colocated with the actor, between training phases",
+        ("sync", "async"),
     )
     n: int = setting(5, "responses per prompt: the GRPO group size (guide spelling: algorithm.group_size)")
     temperature: float = setting(1.0, "sampling temperature")
@@ -168,6 +182,9 @@ class RolloutConfig:
 @dataclass
 class ActorRolloutRefConfig:
     hybrid_engine: bool = setting(True, "actor, reference and rollout share the same GPUs")
+    nccl_timeout: int = setting(
+        1800, "seconds a collective may wait before the job fails (NCCL/gloo timeout; verl's default is 600)"
+    )
     model: ModelConfig = section(ModelConfig, "the policy model")
     actor: ActorConfig = section(ActorConfig, "the trained policy")
     ref: RefConfig = section(RefConfig, "the frozen reference policy for the KL term")
@@ -176,7 +193,7 @@ class ActorRolloutRefConfig:
 
 @dataclass
 class KLControlConfig:
-    type: str = setting("fixed", "KL-in-reward controller", ("fixed", "adaptive"))
+    type: str = setting("fixed", "KL-in-reward controller", ("fixed",))
     kl_coef: float = setting(0.001, "KL-in-reward coefficient")
 
 
@@ -212,8 +229,12 @@ class TrainerConfig:
     save_freq: int = setting(-1, "checkpoint every N steps (-1: only at the end)")
     test_freq: int = setting(-1, "validate every N steps (-1: never)")
     val_before_train: bool = setting(False, "validate the initial model first")
-    default_local_dir: str = setting("checkpoints", "where checkpoints and local logs go")
-    resume_mode: str = setting("auto", "auto (latest checkpoint), disable, or a checkpoint path")
+    default_local_dir: str | None = setting(
+        "checkpoints", "where checkpoints and local logs go (null: verl's checkpoints/<project_name>/<experiment_name>)"
+    )
+    resume_mode: str = setting("auto", "auto (latest checkpoint), disable, resume_path, or a checkpoint path")
+    resume_from_path: str | None = setting(None, "the checkpoint to resume from when resume_mode=resume_path")
+    max_actor_ckpt_to_keep: int | None = setting(2, "newest checkpoints kept; older ones are deleted (null: all)")
     profile_steps: list[int] = setting(
         [], "steps (as logged, from 1) run under torch.profiler: trace in <default_local_dir>/profile/, comm share"
     )

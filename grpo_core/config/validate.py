@@ -16,6 +16,7 @@ from pathlib import Path
 
 from grpo_core.algos import ADV_ESTIMATORS, KL_PENALTY_TYPES, LOSS_AGG_MODES
 from grpo_core.config.schema import GRPOConfig, iter_settings
+from grpo_core.config.verl_keys import REFUSED_VALUES
 from grpo_core.models.shape import ModelShape
 from grpo_core.planning.layout import ParallelLayout
 from grpo_core.planning.memory import MemoryEstimate, MemoryOptions, estimate_grpo_memory
@@ -41,6 +42,7 @@ gradient-accumulation fusion are on by default on GPUs, served by torch: models/
 class Report:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # verl keys given that have no effect here
     layout: ParallelLayout | None = None
     memory: MemoryEstimate | None = None
 
@@ -87,11 +89,19 @@ def memory_options(cfg: GRPOConfig) -> MemoryOptions:
     )
 
 
+def _invalid_choice(key: str, value, valid) -> str:
+    """One line; a value that selects one of verl's features not offered here names that feature."""
+    feature = REFUSED_VALUES.get((key, value))
+    if feature is not None:
+        return f"{key}={value}: not offered here: {feature}; valid: {list(valid)}"
+    return f"{key}={value!r} is not valid; valid: {list(valid)}"
+
+
 def _check_choices(cfg: GRPOConfig, r: Report) -> None:
     for key, f in iter_settings():
         choices = f.metadata.get("choices")
         if choices and _get(cfg, key) not in choices:
-            r.errors.append(f"{key}={_get(cfg, key)!r} is not valid; valid: {list(choices)}")
+            r.errors.append(_invalid_choice(key, _get(cfg, key), choices))
     registries = [
         ("algorithm.adv_estimator", ADV_ESTIMATORS),
         ("actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES),
@@ -100,7 +110,7 @@ def _check_choices(cfg: GRPOConfig, r: Report) -> None:
     ]
     for key, valid in registries:
         if _get(cfg, key) not in valid:
-            r.errors.append(f"{key}={_get(cfg, key)!r} is not valid; valid: {list(valid)}")
+            r.errors.append(_invalid_choice(key, _get(cfg, key), valid))
     for name in cfg.trainer.logger:
         if name not in LOGGERS:
             r.errors.append(f"trainer.logger entry {name!r} is not valid; valid: {list(LOGGERS)}")
@@ -136,6 +146,11 @@ def _check_algorithm(cfg: GRPOConfig, r: Report) -> None:
         r.errors.append(f"actor_rollout_ref.actor.optim.lr={actor.optim.lr} must be > 0")
     if not 0 <= actor.optim.lr_warmup_steps_ratio < 1:
         r.errors.append("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio must be in [0, 1)")
+    if cfg.actor_rollout_ref.rollout.mode == "async":
+        r.notes.append(
+            "actor_rollout_ref.rollout.mode=async: the engine is colocated with the actor and generates between "
+            "training phases, as verl's hybrid engine does in either mode"
+        )
     if cfg.reward_model.enable:
         r.errors.append("reward_model.enable=true: learned reward models are not supported; rule rewards only")
 
@@ -164,6 +179,9 @@ def _check_batches(cfg: GRPOConfig, layout: ParallelLayout, r: Report) -> None:
     ]:
         if value == 0 or value < -1:
             r.errors.append(f"{key}={value} must be -1 (off) or >= 1")
+    keep = cfg.trainer.max_actor_ckpt_to_keep
+    if keep is not None and keep < 1:
+        r.errors.append(f"trainer.max_actor_ckpt_to_keep={keep} must be >= 1 (or null: keep every checkpoint)")
     if bad_steps := [s for s in cfg.trainer.profile_steps if s < 1]:
         r.errors.append(f"trainer.profile_steps={cfg.trainer.profile_steps}: steps count from 1, not {bad_steps}")
     if d.train_batch_size % actor.ppo_mini_batch_size:

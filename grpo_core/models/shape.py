@@ -12,6 +12,11 @@ from pathlib import Path
 from grpo_core.models.known_configs import find_known_config
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral")
+MLA = "multi-head latent attention (MLA) models such as DeepSeek-V2/V3, R1, Kimi K2 and Moonlight"
+NOT_OFFERED = {"deepseek_v2": MLA, "deepseek_v3": MLA, "kimi_k2": MLA}
+"""Architectures people bring from verl that the bridge does not build, by model_type."""
+NOT_OFFERED_IDS = ("deepseek-ai/DeepSeek-V2", "deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1", "moonshotai/")
+"""Hub ids of such models, refused without reading their config (offline runs cannot read it)."""
 
 
 class ModelShapeError(Exception):
@@ -90,6 +95,8 @@ class ModelShape:
     @classmethod
     def from_hf_config(cls, config: dict) -> "ModelShape":
         model_type = config.get("model_type", "")
+        if model_type in NOT_OFFERED:
+            raise ModelShapeError(f"model_type {model_type!r}: not offered here: {NOT_OFFERED[model_type]}")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelShapeError(
                 f"model_type {model_type!r} is not supported; supported: {list(SUPPORTED_MODEL_TYPES)}"
@@ -179,6 +186,8 @@ def load_model_shape(name_or_path: str) -> ModelShape:
         return ModelShape.from_hf_config(known)
     if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
         raise ModelShapeError(f"{name_or_path}: no such model directory, and not a hub id (org/name)")
+    if name_or_path.startswith(NOT_OFFERED_IDS):
+        raise ModelShapeError(f"{name_or_path}: not offered here: {MLA}")
     return ModelShape.from_hf_config(_read_hub(name_or_path))
 
 

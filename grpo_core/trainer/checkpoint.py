@@ -82,7 +82,8 @@ class CheckpointManager:
     @classmethod
     def for_run(cls, trainer_cfg) -> "CheckpointManager":
         """The checkpoints of a run: ``trainer.default_local_dir/checkpoints``, every ``save_freq`` steps."""
-        return cls(Path(trainer_cfg.default_local_dir) / "checkpoints", trainer_cfg.save_freq)
+        root = Path(trainer_cfg.default_local_dir) / "checkpoints"
+        return cls(root, trainer_cfg.save_freq, keep=trainer_cfg.max_actor_ckpt_to_keep)
 
     def should_save(self, step: int, last_step: bool) -> bool:
         return last_step or (self.save_freq > 0 and step % self.save_freq == 0)

@@ -7,7 +7,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from grpo_core.config import GRPOConfig, load_config, to_yaml
+from grpo_core.config import GRPOConfig, to_yaml
+from grpo_core.config.load import load_config_with_notes
 from grpo_core.config.validate import Report, check_config, update_micro_batch
 from grpo_core.models.shape import ModelShape, ModelShapeError, load_model_shape
 
@@ -22,13 +23,14 @@ class ResolvedRun:
 def resolve_run(config_path: str | Path | None, overrides: list[str]) -> ResolvedRun:
     """Load, read the model's shape and check everything. Raises ConfigError only for unreadable input;
     consistency problems come back in ``report.errors``."""
-    cfg = load_config(config_path, overrides)
+    cfg, notes = load_config_with_notes(config_path, overrides)
     shape, shape_error = None, None
     try:
         shape = load_model_shape(cfg.actor_rollout_ref.model.path)
     except ModelShapeError as e:
         shape_error = f"actor_rollout_ref.model.path: {e}"
     report = check_config(cfg, shape)
+    report.notes[:0] = notes
     if shape_error:
         report.errors.insert(0, shape_error)
     return ResolvedRun(cfg, shape, report)
@@ -51,6 +53,12 @@ def render_dry_run(run: ResolvedRun, console: Console) -> None:
         console.print(f"parallel layout: {report.layout.describe()}", markup=False)
     if report.memory is not None:
         console.print(_memory_table(run))
+    print_notes_and_warnings(report, console)
+
+
+def print_notes_and_warnings(report: Report, console: Console) -> None:
+    for note in report.notes:
+        console.print(f"note: {note}", style="dim", markup=False, highlight=False, soft_wrap=True)
     for warning in report.warnings:
         console.print(f"warning: {warning}", style="yellow", markup=False, soft_wrap=True)
 

@@ -49,7 +49,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
     """Run the configured number of steps (resuming if a checkpoint is there); the last step's metrics."""
     arr, model_cfg = cfg.actor_rollout_ref, cfg.actor_rollout_ref.model
     layout = actor_layout(cfg)
-    init_model_parallel(layout, seed=arr.actor.megatron.seed)
+    init_model_parallel(layout, seed=arr.actor.megatron.seed, timeout_s=arr.nccl_timeout)
     rank = dist.get_rank()
 
     # Model files: rank 0 downloads from the hub (if not local) while the others wait for the cache.
@@ -247,6 +247,7 @@ def validate(cfg: GRPOConfig, engine, prompts: list[Prompt], tokenizer) -> dict[
         n=val.n,
         temperature=val.temperature if val.do_sample else 0.0,
         top_p=val.top_p,
+        top_k=val.top_k,
         max_new_tokens=cfg.data.max_response_length,
     )
     size = cfg.data.val_batch_size or len(prompts)

@@ -1,0 +1,389 @@
+"""verl's configuration keys that are not settings of this project, each with the reason ``grpo keys`` shows.
+
+verl's Megatron trainer tree (``ppo_megatron_trainer.yaml`` and the sections it composes) falls into four
+classes: (a) implemented with verl's meaning: the settings of ``schema.py``; (b) other spellings of them:
+``load.ALIASES``; (c) accepted with no effect here, one ``note:`` line per key a user sets; (d) a feature not
+offered, refused with exit 2 and one line naming the feature. (c) and (d) are ``IGNORED_AND_REFUSED`` below;
+``REFUSED_VALUES`` holds the values of implemented keys that select such a feature (``rollout.name=sglang``).
+Written from verl's documented key names; a ``*`` in a pattern matches the rest of a dotted key.
+"""
+
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+ARR = "actor_rollout_ref"
+
+
+@dataclass(frozen=True)
+class ForeignKey:
+    pattern: str
+    reason: str
+    refused: bool = False
+    off: tuple = ()  # for a refused key: values that leave its feature off, accepted with a note instead
+
+    def refuses(self, value: Any) -> bool:
+        return self.refused and not any(value == v and type(value) is type(v) for v in self.off)
+
+
+def _ignored(reason: str, *patterns: str) -> list[ForeignKey]:
+    return [ForeignKey(p, reason) for p in patterns]
+
+
+def _refused(feature: str, *patterns: str, off: tuple = ()) -> list[ForeignKey]:
+    return [ForeignKey(p, feature, refused=True, off=off) for p in patterns]
+
+
+NO_CRITIC = "GRPO has no critic (value model); critic settings have no effect"
+NO_RAY = "there is no Ray here: the ranks are started by torchrun or Slurm (launch.*)"
+PROFILER = "verl's nsys/npu/torch profiler settings: use trainer.profile_steps (a torch.profiler trace per step) here"
+FSDP = "FSDP settings, which verl too ignores under its Megatron strategy"
+BRIDGE = "the project's own Hugging Face <-> megatron-core bridge always converts the model"
+DIST_CKPT = (
+    "the initial weights are always read from model.path through the bridge, and training checkpoints are "
+    "megatron distributed checkpoints (torch DCP) regardless"
+)
+FUSED = "log-probs and entropy always come from the project's fused vocab-parallel kernels (actor/logprobs.py)"
+REWARD_MODEL = "learned reward models are not offered (rule rewards only): these settings configure one"
+SINGLE_TURN = "single-turn generation only: multi-turn/tool-use agent loops are not offered"
+LORA = "LoRA adapters (this project trains all parameters)"
+REF_FROZEN = "the reference model is frozen: it has no gradients or optimizer"
+REF_FOLLOWS = "the reference model is built like the actor (same dtype, seed and megatron settings)"
+DEPRECATED_GLOBAL = "verl's deprecated global micro-batch size: set the *_per_gpu key instead"
+
+IGNORED_AND_REFUSED: list[ForeignKey] = [
+    ForeignKey("_target_", "Hydra's class path of a section: the tree is typed here"),
+    ForeignKey("*._target_", "Hydra's class path of a section: the tree is typed here"),
+    # ---- actor ---------------------------------------------------------------------------------------
+    *_ignored(
+        "the scheduler always runs warm-up from 0 then lr_decay_style over the run's optimizer steps",
+        f"{ARR}.actor.optim.lr_warmup_init",
+        f"{ARR}.actor.optim.lr_decay_steps",
+    ),
+    *_ignored("weight decay is constant here", f"{ARR}.actor.optim.weight_decay_incr_style"),
+    *_ignored(
+        "used only by lr_decay_style=WSD, which is not offered",
+        f"{ARR}.actor.optim.lr_wsd_decay_style",
+        f"{ARR}.actor.optim.lr_wsd_decay_steps",
+    ),
+    *_ignored(
+        "the learning-rate scheduler's state is always saved in and restored from checkpoints",
+        f"{ARR}.actor.optim.use_checkpoint_opt_param_scheduler",
+    ),
+    *_ignored(
+        "the project's layer spec chooses the attention kernel (torch SDPA; varlen flash attention for packed rows)",
+        f"{ARR}.*.megatron.override_transformer_config.attention_backend",
+    ),
+    *_ignored(
+        DIST_CKPT,
+        *(
+            f"{ARR}.{w}.megatron.{k}"
+            for w in ("actor", "ref")
+            for k in ("use_dist_checkpointing", "dist_checkpointing_path", "dist_checkpointing_prefix")
+        ),
+    ),
+    *_ignored(
+        BRIDGE,
+        *(
+            f"{ARR}.{w}.megatron.{k}"
+            for w in ("actor", "ref")
+            for k in ("use_mbridge", "vanilla_mbridge", "override_mcore_model_config", "override_mcore_model_config.*")
+        ),
+    ),
+    *_ignored(
+        "megatron's DDP settings are chosen by the actor (fp32 gradient buckets, grad-reduce overlap when DP > 1)",
+        *(f"{ARR}.{w}.megatron.override_ddp_config{s}" for w in ("actor", "ref") for s in ("", ".*")),
+    ),
+    *_ignored(
+        "internal to verl's engine (a forward-only worker)",
+        f"{ARR}.actor.megatron.forward_only",
+        f"{ARR}.ref.megatron.forward_only",
+    ),
+    *_ignored("text models only: there is no vision tower", f"{ARR}.actor.freeze_vision_tower"),
+    *_ignored(
+        "used only by policy_loss.loss_mode clip_cov / kl_cov, which are not offered",
+        f"{ARR}.actor.policy_loss.clip_cov_ratio",
+        f"{ARR}.actor.policy_loss.clip_cov_lb",
+        f"{ARR}.actor.policy_loss.clip_cov_ub",
+        f"{ARR}.actor.policy_loss.kl_cov_ratio",
+        f"{ARR}.actor.policy_loss.ppo_kl_coef",
+    ),
+    *_ignored(
+        "verl's torch.compile of its FSDP entropy: the megatron actor's kernels are compiled on GPUs regardless "
+        "(turn single fusions off with override_transformer_config)",
+        f"{ARR}.actor.use_torch_compile",
+        f"{ARR}.ref.use_torch_compile",
+    ),
+    *_ignored(
+        FUSED, f"{ARR}.actor.use_fused_kernels", f"{ARR}.model.use_fused_kernels", f"{ARR}.model.fused_kernel_options.*"
+    ),
+    *_ignored(
+        "checkpoints always hold the model, the optimizer and the trainer state, and are written synchronously",
+        f"{ARR}.actor.checkpoint.*",
+    ),
+    *_ignored(
+        PROFILER, f"{ARR}.actor.profiler.*", f"{ARR}.ref.profiler.*", f"{ARR}.rollout.profiler.*", "global_profiler.*"
+    ),
+    *_ignored("mini-batches are shuffled by actor.shuffle with data.seed", f"{ARR}.actor.data_loader_seed"),
+    *_ignored("weights are always loaded from model.path", f"{ARR}.actor.load_weight", f"{ARR}.ref.load_weight"),
+    *_ignored(
+        FSDP,
+        f"{ARR}.actor.fsdp_config.*",
+        f"{ARR}.ref.fsdp_config.*",
+        f"{ARR}.actor.ulysses_sequence_parallel_size",
+        f"{ARR}.ref.ulysses_sequence_parallel_size",
+    ),
+    *_refused(
+        DEPRECATED_GLOBAL,
+        f"{ARR}.actor.ppo_micro_batch_size",
+        f"{ARR}.ref.log_prob_micro_batch_size",
+        f"{ARR}.rollout.log_prob_micro_batch_size",
+        off=(None,),
+    ),
+    # ---- reference -------------------------------------------------------------------------------------
+    *_ignored("the reference model runs on megatron, like the actor", f"{ARR}.ref.strategy"),
+    *_ignored(
+        REF_FROZEN,
+        *(f"{ARR}.ref.megatron.{k}" for k in ("grad_offload", "optimizer_offload", "use_distributed_optimizer")),
+    ),
+    *_ignored(REF_FOLLOWS, f"{ARR}.ref.megatron.seed", f"{ARR}.ref.megatron.dtype"),
+    # ---- rollout ---------------------------------------------------------------------------------------
+    *_ignored(
+        "set by data.max_prompt_length / data.max_response_length",
+        f"{ARR}.rollout.prompt_length",
+        f"{ARR}.rollout.response_length",
+        f"{ARR}.rollout.max_model_len",
+    ),
+    *_refused("generating past the end-of-sequence token (ignore_eos)", f"{ARR}.rollout.ignore_eos", off=(False,)),
+    *_ignored(
+        "vLLM chooses its CUDA-graph sizes; the static engine captures one graph per batch shape",
+        f"{ARR}.rollout.cudagraph_capture_sizes",
+    ),
+    *_ignored(
+        "one engine replica per rollout-TP group of ranks: its data/expert parallel sizes follow from the world size",
+        f"{ARR}.rollout.data_parallel_size",
+        f"{ARR}.rollout.expert_parallel_size",
+    ),
+    *_refused("pipeline-parallel rollout engines", f"{ARR}.rollout.pipeline_model_parallel_size", off=(1,)),
+    *_ignored(
+        "vLLM's own defaults apply (chunked prefill and prefix caching on)",
+        f"{ARR}.rollout.enable_chunked_prefill",
+        f"{ARR}.rollout.enable_prefix_caching",
+    ),
+    *_ignored(
+        "the engine starts from the actor's weights, pushed before the first rollout", f"{ARR}.rollout.load_format"
+    ),
+    *_ignored("vLLM's statistics logging stays off", f"{ARR}.rollout.disable_log_stats"),
+    *_ignored("sampling follows temperature (0: greedy)", f"{ARR}.rollout.do_sample"),
+    *_ignored("each prompt is sampled exactly rollout.n times", f"{ARR}.rollout.over_sample_rate"),
+    *_ignored("the engine wakes in one stage (weights and KV cache together)", f"{ARR}.rollout.multi_stage_wake_up"),
+    *_ignored(
+        "engine-specific arguments of verl's vLLM/SGLang/TRT-LLM servers: not passed through",
+        f"{ARR}.rollout.engine_kwargs.*",
+    ),
+    *_ignored(
+        "the engines always return the sampled tokens' log-probs (logged as rollout/log_prob_diff_*)",
+        f"{ARR}.rollout.calculate_log_probs",
+    ),
+    *_ignored(
+        "weights are synced tensor by tensor, in place, with no transfer buckets",
+        f"{ARR}.rollout.update_weights_bucket_megabytes",
+        f"{ARR}.rollout.checkpoint_engine.*",
+    ),
+    *_refused(SINGLE_TURN, f"{ARR}.rollout.multi_turn.enable", off=(False,)),
+    *_ignored("used only with rollout.multi_turn.enable=true, which is not offered", f"{ARR}.rollout.multi_turn.*"),
+    *_ignored(SINGLE_TURN + " (agent loop settings)", f"{ARR}.rollout.agent.*"),
+    *_ignored("rollout traces (weave/mlflow spans) are not recorded", f"{ARR}.rollout.trace.*"),
+    *_refused("replaying dumped rollouts (skip_rollout)", f"{ARR}.rollout.skip_rollout", off=(False,)),
+    *_ignored("used only with skip_rollout", f"{ARR}.rollout.skip_dump_dir"),
+    *_ignored("the engines always load the tokenizer", f"{ARR}.rollout.skip_tokenizer_init"),
+    *_ignored("use the run diagnostics (gpu/*, profile/*) and MLflow", f"{ARR}.rollout.prometheus.*"),
+    *_refused("quantized (FP8) rollout", f"{ARR}.rollout.quantization", off=(False, None)),
+    *_ignored("used only with quantized rollout, which is not offered", f"{ARR}.rollout.use_block_quant_rollout"),
+    *_ignored("the bridge names the engine's fused weights", f"{ARR}.rollout.layer_name_map.*"),
+    # ---- model -----------------------------------------------------------------------------------------
+    *_refused(
+        "custom chat templates (the tokenizer's own template is used)", f"{ARR}.model.custom_chat_template", off=(None,)
+    ),
+    *_refused("importing a user's model library (external_lib)", f"{ARR}.model.external_lib", off=(None,)),
+    *_refused(LORA, f"{ARR}.model.lora.rank", f"{ARR}.model.lora_rank", off=(0,)),
+    *_ignored(
+        "used only with LoRA (lora.rank > 0), which is not offered",
+        f"{ARR}.model.lora.*",
+        f"{ARR}.model.lora_alpha",
+        f"{ARR}.model.target_modules",
+        f"{ARR}.model.exclude_modules",
+    ),
+    *_ignored("Liger kernels are for FSDP models: " + FUSED, f"{ARR}.model.use_liger"),
+    *_ignored("model files are read from disk (or the hub cache)", f"{ARR}.model.use_shm"),
+    *_ignored(
+        "activation offload is an FSDP feature; use recompute (override_transformer_config) here",
+        f"{ARR}.model.enable_activation_offload",
+    ),
+    *_refused(
+        "MoE router freezing (override_config.moe_config)",
+        f"{ARR}.model.override_config.moe_config.freeze_moe_router",
+        off=(False,),
+    ),
+    # ---- data ------------------------------------------------------------------------------------------
+    *_ignored("prompts are tokenized with actor_rollout_ref.model's tokenizer", "data.tokenizer"),
+    *_ignored(
+        "data is read directly from the parquet files",
+        "data.use_shm",
+        "data.dataloader_num_workers",
+        "data.filter_overlong_prompts_workers",
+    ),
+    *_ignored(
+        "prompts are kept as chat messages and templated by the tokenizer; raw chats are always available",
+        "data.return_raw_chat",
+        "data.return_raw_input_ids",
+        "data.return_full_prompt",
+    ),
+    *_ignored(
+        "text prompts only",
+        "data.image_key",
+        "data.video_key",
+        "data.image_patch_size",
+        "data.return_multi_modal_inputs",
+    ),
+    *_ignored("each row's reward is chosen by its data_source column", "data.reward_fn_key"),
+    *_ignored("used only with multi-turn tools, which are not offered", "data.tool_config_path"),
+    *_ignored("validation prompts are taken in order", "data.validation_shuffle"),
+    *_ignored("the tokenizer is loaded with actor_rollout_ref.model.trust_remote_code", "data.trust_remote_code"),
+    *_ignored(
+        "the tokenizer's chat template is applied with its defaults",
+        "data.apply_chat_template_kwargs",
+        "data.apply_chat_template_kwargs.*",
+    ),
+    *_refused(
+        "limiting the number of rows read (train/val_max_samples)",
+        "data.train_max_samples",
+        "data.val_max_samples",
+        off=(-1, None),
+    ),
+    *_refused("custom dataset classes (data.custom_cls)", "data.custom_cls.path", off=(None,)),
+    *_refused("custom samplers and curricula (data.sampler)", "data.sampler.class_path", off=(None,)),
+    *_refused("generated data (data.datagen)", "data.datagen.path", off=(None,)),
+    *_ignored(
+        "used only with the custom class above", "data.custom_cls.name", "data.sampler.class_name", "data.datagen.name"
+    ),
+    # ---- algorithm -------------------------------------------------------------------------------------
+    *_ignored(
+        "the discount and GAE lambda of critic-based and REINFORCE++ estimators: GRPO's outcome advantage has none",
+        "algorithm.gamma",
+        "algorithm.lam",
+    ),
+    *_ignored(
+        "used only by kl_ctrl.type=adaptive, which is not offered",
+        "algorithm.kl_ctrl.horizon",
+        "algorithm.kl_ctrl.target_kl",
+    ),
+    *_refused("preference-feedback PPO (use_pf_ppo)", "algorithm.use_pf_ppo", off=(False,)),
+    *_ignored("used only with use_pf_ppo", "algorithm.pf_ppo.*"),
+    *_refused("DAPO's dynamic sampling (filter_groups)", "algorithm.filter_groups.enable", off=(False,)),
+    *_ignored("used only with filter_groups.enable", "algorithm.filter_groups.*"),
+    *_refused(
+        "rollout importance sampling / rejection sampling (rollout_correction)",
+        "algorithm.rollout_correction.rollout_is",
+        "algorithm.rollout_correction.rollout_rs",
+        "algorithm.rollout_correction.bypass_mode",
+        "algorithm.rollout_correction.use_policy_gradient",
+        "algorithm.rollout_correction.rollout_is_batch_normalize",
+        off=(None, False),
+    ),
+    *_ignored("used only with rollout_correction.rollout_is / rollout_rs", "algorithm.rollout_correction.*"),
+    # ---- reward --------------------------------------------------------------------------------------------
+    *_ignored(
+        "arguments of verl's reward managers (e.g. dapo's overlong_buffer_cfg): the naive manager takes none",
+        "reward_model.reward_kwargs.*",
+    ),
+    *_ignored("rewards are computed in the trainer's process", "reward_model.launch_reward_fn_async"),
+    *_ignored(
+        REWARD_MODEL,
+        *(
+            f"reward_model.{k}"
+            for k in (
+                "enable_resource_pool",
+                "n_gpus_per_node",
+                "nnodes",
+                "strategy",
+                "model.*",
+                "micro_batch_size",
+                "micro_batch_size_per_gpu",
+                "max_length",
+                "use_dynamic_bsz",
+                "forward_max_token_len_per_gpu",
+                "profiler.*",
+                "nccl_timeout",
+                "megatron.*",
+                "load_weight",
+                "sandbox_fusion.*",
+                "use_reward_loop",
+                "num_workers",
+                "rollout.*",
+            )
+        ),
+    ),
+    # ---- critic, trainer, Ray ------------------------------------------------------------------------------
+    *_refused("a critic (value model), as PPO with GAE uses", "critic.enable", off=(None, False)),
+    ForeignKey("critic.*", NO_CRITIC),
+    ForeignKey("trainer.critic_warmup", NO_CRITIC),
+    ForeignKey("trainer.max_critic_ckpt_to_keep", NO_CRITIC),
+    *_ignored("rows are split over data-parallel ranks in order, not balanced by length", "trainer.balance_batch"),
+    *_ignored(
+        "validation metrics are logged; generations are kept in the evaluation records", "trainer.log_val_generations"
+    ),
+    *_ignored("used by verl's elastic training on ByteDance's cluster", "trainer.esi_redundant_time"),
+    *_ignored(
+        "checkpoints are kept after loading; trainer.max_actor_ckpt_to_keep prunes old ones",
+        "trainer.del_local_ckpt_after_load",
+    ),
+    *_refused(
+        "uploading checkpoints to HDFS (copy trainer.default_local_dir instead)",
+        "trainer.default_hdfs_dir",
+        off=(None,),
+    ),
+    *_ignored(NO_RAY, "trainer.ray_wait_register_center_timeout", "ray_kwargs.*", "transfer_queue.*"),
+    *_ignored(
+        "generations are kept in metrics and the evaluation records, not dumped per step",
+        "trainer.rollout_data_dir",
+        "trainer.validation_data_dir",
+    ),
+]
+
+
+PRESET_TRANSFORMER_KEYS = ("recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers")
+"""override_transformer_config keys verl's defaults already hold, so its users set them without Hydra's ``+``."""
+
+
+def find(key: str) -> ForeignKey | None:
+    """The entry for a verl key that is not one of this project's settings, or None (an unknown key)."""
+    for entry in IGNORED_AND_REFUSED:
+        if fnmatchcase(key, entry.pattern):
+            return entry
+    return None
+
+
+def concrete_keys() -> list[str]:
+    """The table's keys without wildcards, for "did you mean" on typos."""
+    return [e.pattern for e in IGNORED_AND_REFUSED if "*" not in e.pattern]
+
+
+REFUSED_VALUES: dict[tuple[str, Any], str] = {
+    (f"{ARR}.rollout.name", "sglang"): "the SGLang rollout engine",
+    (f"{ARR}.rollout.name", "trtllm"): "the TensorRT-LLM rollout engine",
+    ("algorithm.adv_estimator", "gae"): "GAE, which needs a critic (value model)",
+    **{
+        ("algorithm.adv_estimator", name): f"the {name} advantage estimator"
+        for name in ("rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "grpo_passk", "gpg")
+    },
+    **{
+        (f"{ARR}.actor.policy_loss.loss_mode", name): f"the {name} policy loss"
+        for name in ("gspo", "clip_cov", "kl_cov", "gpg", "geo_mean", "cispo")
+    },
+    ("algorithm.kl_ctrl.type", "adaptive"): "the adaptive in-reward KL controller",
+    ("reward_model.reward_manager", "dapo"): "DAPO's reward manager (overlong reward shaping)",
+    ("reward_model.reward_manager", "prime"): "PRIME's reward manager",
+    ("reward_model.reward_manager", "batch"): "the batch reward manager",
+}
+"""Values of implemented keys that select one of verl's features not offered: the refusal names the feature."""
