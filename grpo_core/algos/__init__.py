@@ -8,6 +8,7 @@ from grpo_core.algos.advantage import (
 )
 from grpo_core.algos.kl import KL_PENALTY_TYPES, kl_penalty
 from grpo_core.algos.policy_loss import LOSS_AGG_MODES, agg_denominator, agg_loss, compute_policy_loss
+from grpo_core.algos.shaping import overlong_penalty
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -19,5 +20,6 @@ __all__ = [
     "compute_policy_loss",
     "get_adv_estimator",
     "kl_penalty",
+    "overlong_penalty",
     "register_adv_estimator",
 ]

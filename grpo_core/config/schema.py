@@ -207,9 +207,26 @@ class AlgorithmConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    enable: bool = setting(False, "DAPO's soft overlong punishment of responses near max_resp_len")
+    len: int = setting(0, "the last this many tokens before max_resp_len are penalised, linearly to -penalty_factor")
+    penalty_factor: float = setting(1.0, "the penalty at max_resp_len")
+    log: bool = setting(False, "verl's per-response record; the mean penalty and the share penalised are always logged")
+
+
+@dataclass
+class RewardKwargs:
+    max_resp_len: int | None = setting(None, "the response length the overlong buffer counts back from")
+    overlong_buffer_cfg: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO's overlong reward shaping")
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = setting(False, "score with a learned reward model (not supported: rule rewards only)")
-    reward_manager: str = setting("naive", "how responses are scored", ("naive",))
+    reward_manager: str = setting(
+        "naive", "how responses are scored: the rule reward, or it plus DAPO's overlong shaping", ("naive", "dapo")
+    )
+    reward_kwargs: RewardKwargs = section(RewardKwargs, "arguments of the reward manager (dapo)")
     method: str = setting("strict", "answer extraction: '#### N' only, or the last number", ("strict", "flexible"))
     format_score: float = setting(0.0, "reward for a well-formed but wrong answer")
     score: float = setting(1.0, "reward for a right answer")

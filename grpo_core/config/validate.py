@@ -151,8 +151,33 @@ def _check_algorithm(cfg: GRPOConfig, r: Report) -> None:
             "actor_rollout_ref.rollout.mode=async: the engine is colocated with the actor and generates between "
             "training phases, as verl's hybrid engine does in either mode"
         )
+    _check_overlong_buffer(cfg, r)
     if cfg.reward_model.enable:
         r.errors.append("reward_model.enable=true: learned reward models are not supported; rule rewards only")
+
+
+def _check_overlong_buffer(cfg: GRPOConfig, r: Report) -> None:
+    rm = cfg.reward_model
+    kwargs, buffer = rm.reward_kwargs, rm.reward_kwargs.overlong_buffer_cfg
+    prefix = "reward_model.reward_kwargs"
+    if not buffer.enable:
+        return
+    if rm.reward_manager != "dapo":
+        r.warnings.append(
+            f"{prefix}.overlong_buffer_cfg.enable=true does nothing with reward_manager={rm.reward_manager}"
+        )
+        return
+    if kwargs.max_resp_len is None:
+        r.errors.append(f"{prefix}.overlong_buffer_cfg.enable=true needs {prefix}.max_resp_len")
+    elif not 0 < buffer.len <= kwargs.max_resp_len:
+        r.errors.append(
+            f"{prefix}.overlong_buffer_cfg.len={buffer.len} must be in (0, max_resp_len={kwargs.max_resp_len}]"
+        )
+    elif kwargs.max_resp_len - buffer.len >= cfg.data.max_response_length:
+        r.warnings.append(
+            f"no response is penalised: max_resp_len - overlong_buffer_cfg.len = {kwargs.max_resp_len - buffer.len} "
+            f"tokens is not below data.max_response_length={cfg.data.max_response_length}"
+        )
 
 
 def _check_batches(cfg: GRPOConfig, layout: ParallelLayout, r: Report) -> None:

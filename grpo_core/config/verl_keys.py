@@ -293,10 +293,6 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
     ),
     *_ignored("used only with rollout_correction.rollout_is / rollout_rs", "algorithm.rollout_correction.*"),
     # ---- reward --------------------------------------------------------------------------------------------
-    *_ignored(
-        "arguments of verl's reward managers (e.g. dapo's overlong_buffer_cfg): the naive manager takes none",
-        "reward_model.reward_kwargs.*",
-    ),
     *_ignored("rewards are computed in the trainer's process", "reward_model.launch_reward_fn_async"),
     *_ignored(
         REWARD_MODEL,
@@ -382,7 +378,6 @@ REFUSED_VALUES: dict[tuple[str, Any], str] = {
         for name in ("gspo", "clip_cov", "kl_cov", "gpg", "geo_mean", "cispo")
     },
     ("algorithm.kl_ctrl.type", "adaptive"): "the adaptive in-reward KL controller",
-    ("reward_model.reward_manager", "dapo"): "DAPO's reward manager (overlong reward shaping)",
     ("reward_model.reward_manager", "prime"): "PRIME's reward manager",
     ("reward_model.reward_manager", "batch"): "the batch reward manager",
 }

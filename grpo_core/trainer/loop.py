@@ -20,7 +20,7 @@ import torch.distributed as dist
 from grpo_core import actor as _cpu_compat  # noqa: F401  (must precede megatron)
 from grpo_core.actor.actor import ActorSettings, MegatronActor
 from grpo_core.actor.parallel import init_model_parallel
-from grpo_core.algos import get_adv_estimator, kl_penalty
+from grpo_core.algos import get_adv_estimator, kl_penalty, overlong_penalty
 from grpo_core.config import GRPOConfig, to_flat_dict
 from grpo_core.config.validate import actor_layout
 from grpo_core.data.prompts import Prompt, PromptSampler, load_prompts
@@ -127,7 +127,8 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                     if arr.ref.megatron.param_offload:
                         ref.offload_to_host(params=True)
 
-            token_rewards = token_level_rewards(rollouts.scores, batch.response_mask)
+            scores, shaping_metrics = shaped_scores(rollouts, cfg)
+            token_rewards = token_level_rewards(scores, batch.response_mask)
             if cfg.algorithm.use_kl_in_reward:
                 kl = kl_penalty(batch.old_log_probs, batch.ref_log_probs, cfg.algorithm.kl_penalty)
                 token_rewards = token_rewards - cfg.algorithm.kl_ctrl.kl_coef * kl * batch.response_mask
@@ -150,6 +151,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
 
             step_metrics = {
                 **M.rollout_metrics(rollouts.gen, rollouts.scores, batch, cfg.reward_model.score),
+                **shaping_metrics,
                 **M.log_prob_metrics(batch, entropy, rollouts.gen),
                 **update_metrics,
                 **M.timing_metrics(timings),
@@ -219,6 +221,23 @@ def _gather_generations(local: Generation | None) -> Generation:
         merged.finish_reasons += part.finish_reasons
         merged.group_index += [g + offset for g in part.group_index]
     return merged
+
+
+def shaped_scores(rollouts: Rollouts, cfg: GRPOConfig) -> tuple[list[float], dict[str, float]]:
+    """The scores the advantage sees: with reward_manager=dapo and its overlong buffer on, each response's
+    rule score plus DAPO's overlong penalty (reward/* metrics keep the rule scores, so accuracy stays readable)."""
+    rm = cfg.reward_model
+    buffer = rm.reward_kwargs.overlong_buffer_cfg
+    if rm.reward_manager != "dapo" or not buffer.enable:
+        return rollouts.scores, {}
+    lengths = torch.tensor([len(r) for r in rollouts.gen.response_ids])
+    penalty = overlong_penalty(lengths, rm.reward_kwargs.max_resp_len, buffer.len, buffer.penalty_factor)
+    scores = (torch.tensor(rollouts.scores, dtype=torch.float64) + penalty).tolist()
+    metrics = {
+        "reward/overlong_penalty_mean": penalty.mean().item(),
+        "reward/overlong_share": (penalty < 0).double().mean().item(),
+    }
+    return scores, metrics
 
 
 def token_level_rewards(scores: list[float], response_mask: torch.Tensor) -> torch.Tensor:
