@@ -1,0 +1,52 @@
+"""The uncertainty of an accuracy and of an uplift measured on the same questions.
+
+An uplift people act on (promote a model, keep a schedule) must come with its interval: two accuracies on the
+same questions are paired, so the interval of their difference uses the 2x2 table of agreements, not two
+independent samples. Pure functions of the per-question records.
+"""
+
+from collections.abc import Sequence
+from math import sqrt
+
+from scipy.stats import binomtest
+
+
+def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of an accuracy ``correct / n`` ((0, 1) when there are no samples)."""
+    if n == 0:
+        return 0.0, 1.0
+    ci = binomtest(correct, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def paired_uplift(base: Sequence[bool], trained: Sequence[bool], confidence: float = 0.95) -> dict[str, float]:
+    """trained - base accuracy on the same questions, with Newcombe's (1998) method-10 interval and the exact
+    McNemar p-value.
+
+    Method 10 combines each accuracy's Wilson interval through the phi correlation of the paired 2x2 table
+    (phi = 0 when a margin is empty). McNemar's exact test is a two-sided binomial test of the discordant
+    pairs (questions only one of the two models gets right); with none, the p-value is 1.
+    """
+    if len(base) != len(trained):
+        raise ValueError(f"paired records differ in length: {len(base)} base vs {len(trained)} trained")
+    n = len(base)
+    both = sum(b and t for b, t in zip(base, trained, strict=True))
+    only_trained = sum(t and not b for b, t in zip(base, trained, strict=True))
+    only_base = sum(b and not t for b, t in zip(base, trained, strict=True))
+    neither = n - both - only_trained - only_base
+    cells = {"both": both, "only_trained": only_trained, "only_base": only_base, "neither": neither, "n": n}
+    if n == 0:
+        return {"uplift": 0.0, "ci_low": -1.0, "ci_high": 1.0, "p_value": 1.0, **cells}
+
+    p1, p2 = (both + only_trained) / n, (both + only_base) / n  # trained, base
+    l1, u1 = wilson_interval(both + only_trained, n, confidence)
+    l2, u2 = wilson_interval(both + only_base, n, confidence)
+    margins = (both + only_trained) * (only_base + neither) * (both + only_base) * (only_trained + neither)
+    phi = (both * neither - only_trained * only_base) / sqrt(margins) if margins else 0.0
+    d = p1 - p2
+    delta = sqrt(max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0))
+    epsilon = sqrt(max((u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2, 0.0))
+
+    discordant = only_trained + only_base
+    p_value = binomtest(min(only_trained, only_base), discordant, 0.5).pvalue if discordant else 1.0
+    return {"uplift": d, "ci_low": d - delta, "ci_high": d + epsilon, "p_value": float(min(p_value, 1.0)), **cells}
