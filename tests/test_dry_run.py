@@ -36,6 +36,14 @@ GUIDE_COMMANDS = [
     f"{MEGA}sequence_parallel=false --dry-run",
     f"--config {BASE} actor_rollout_ref.actor.use_dynamic_bsz=true "
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=6144 --dry-run",
+    # the guide's spelling of the optimizer section
+    f"--config {BASE} actor_rollout_ref.actor.optimizer.lr=2e-6 actor_rollout_ref.actor.optimizer.weight_decay=0.1 "
+    "--dry-run",
+    # the guide's Qwen3-235B-A22B line: TP=8 over 4 KV heads (megatron replicates each KV head on 2 ranks)
+    f"--config {REPO}/configs/grpo_megatron_large.yaml {MEGA}tensor_model_parallel_size=8 "
+    f"{MEGA}pipeline_model_parallel_size=4 {MEGA}expert_model_parallel_size=8 "
+    f"+{MEGA}override_transformer_config.num_layers_in_first_pipeline_stage=22 "
+    f"+{MEGA}override_transformer_config.num_layers_in_last_pipeline_stage=22 --dry-run",
 ]
 
 
