@@ -134,7 +134,11 @@ def test_settings_come_from_verl_keys():
 
     from tests.conftest import REPO
 
-    overrides = ["actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1", "actor_rollout_ref.actor.kl_coeff=0.02"]
+    overrides = [
+        "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1",
+        "actor_rollout_ref.actor.kl_coeff=0.02",
+        "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=0.5",
+    ]
     proc = subprocess.run(
         [sys.executable, "-c", SETTINGS_SNIPPET, str(REPO / "configs" / "grpo_advanced.yaml"), *overrides],
         capture_output=True, text=True, cwd=REPO, timeout=300,
@@ -148,6 +152,21 @@ def test_settings_come_from_verl_keys():
     assert s["recompute"] is False  # the YAML sets recompute_granularity itself, via override_transformer_config
     assert s["transformer_overrides"]["recompute_granularity"] == "full"
     assert s["loss"]["kl_loss_coef"] == 0.02 and s["loss"]["clip_ratio_high"] == 0.28
+    assert s["loss"]["loss_scale_factor"] == 2048  # Dr.GRPO's constant: data.max_response_length unless set
+    assert s["optimizer_overrides"] == {"optimizer_offload_fraction": 0.5}
+
+
+def test_optimizer_overrides_come_after_the_offload_shorthand():
+    from grpo_core.actor.actor import optimizer_fields
+
+    whole = {"optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0}
+    assert optimizer_fields(True, None, cuda=True) == whole
+    assert optimizer_fields(False, {"lr": 1e-5}, cuda=True) == {"lr": 1e-5}
+    half = {"optimizer_offload_fraction": 0.5, "overlap_cpu_optimizer_d2h_h2d": True}
+    assert optimizer_fields(True, half, cuda=True) == {"optimizer_cpu_offload": True, **half}
+    # a CPU holds the states in host memory already; megatron's GPU/CPU hybrid step cannot run there
+    assert optimizer_fields(True, half, cuda=False) == {"optimizer_cpu_offload": False, **half}
+    assert optimizer_fields(False, {"optimizer_cpu_offload": True}, cuda=False) == {"optimizer_cpu_offload": False}
 
 
 @pytest.mark.parametrize("vocab_size", [50, 47], ids=["full", "padded"])
