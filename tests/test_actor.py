@@ -207,6 +207,18 @@ def test_settings_come_from_verl_keys():
     assert s["optimizer_overrides"] == {"optimizer_offload_fraction": 0.5}
 
 
+def test_log_prob_passes_take_rows_or_their_token_budget():
+    from types import SimpleNamespace
+
+    from grpo_core.trainer.loop import log_prob_batching
+
+    rows = SimpleNamespace(log_prob_micro_batch_size_per_gpu=8, log_prob_use_dynamic_bsz=False,
+                           log_prob_max_token_len_per_gpu=4096)  # fmt: skip
+    assert log_prob_batching(rows) == {"micro_batch_rows": 8, "micro_batch_tokens": None}
+    rows.log_prob_use_dynamic_bsz = True
+    assert log_prob_batching(rows) == {"micro_batch_rows": 8, "micro_batch_tokens": 4096}
+
+
 def test_optimizer_overrides_come_after_the_offload_shorthand():
     from grpo_core.actor.actor import optimizer_fields
 
