@@ -79,7 +79,7 @@ def optimizer_offloaded(cfg: GRPOConfig) -> bool:
     m, overrides = cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.actor.optim.override_optimizer_config
     on = overrides.get("optimizer_cpu_offload", m.optimizer_offload)
     fraction = overrides.get("optimizer_offload_fraction", 1.0 if m.optimizer_offload else 0.0)
-    return bool(on) and fraction >= 1.0
+    return bool(on) and isinstance(fraction, int | float) and fraction >= 1.0
 
 
 def memory_options(cfg: GRPOConfig) -> MemoryOptions:
@@ -299,7 +299,7 @@ def update_micro_batch(cfg: GRPOConfig) -> int:
     return actor.ppo_micro_batch_size_per_gpu
 
 
-def log_prob_micro_batch(cfg: GRPOConfig) -> int | None:
+def log_prob_micro_batch(cfg: GRPOConfig) -> int:
     """Responses per forward of the larger log-prob pass (old or reference): what its token budget holds with
     log_prob_use_dynamic_bsz, else its micro-batch size (null: ppo_micro_batch_size_per_gpu, as the actor)."""
     seq_len = cfg.data.max_prompt_length + cfg.data.max_response_length
