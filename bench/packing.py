@@ -66,7 +66,7 @@ def megatron(args, shape, batch) -> dict:
     log_probs = {}  # first, before any update moves the weights
     for name, settings in variants.items():
         policy.s = settings
-        log_probs[name] = policy.compute_log_prob(batch)[0]
+        log_probs[name] = policy.compute_log_prob(batch, micro_batch_tokens=settings.micro_batch_tokens)[0]
     batch.old_log_probs = batch.ref_log_probs = log_probs["padded"]
     real = batch.response_mask.bool()
     out = {}
@@ -77,10 +77,14 @@ def megatron(args, shape, batch) -> dict:
         out[name] = {
             "fwd_bwd_s": timed(lambda: policy.forward_backward(batch), args.warmup, args.steps),
             "update_s": timed(lambda: policy.update(batch), 1, args.steps),
-            "log_prob_s": timed(lambda: policy.compute_log_prob(batch), 1, args.steps),
+            "log_prob_s": timed(
+                lambda tokens=settings.micro_batch_tokens: policy.compute_log_prob(batch, micro_batch_tokens=tokens),
+                1,
+                args.steps,
+            ),
             "log_prob_diff_mean": diff.mean().item(),
             "log_prob_diff_max": diff.max().item(),
-            "micro_batches": len(policy._micro_batches(batch, settings.micro_batch_rows)),
+            "micro_batches": len(policy._micro_batches(batch, settings.micro_batch_rows, settings.micro_batch_tokens)),
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
         }
     return out

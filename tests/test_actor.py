@@ -1,13 +1,15 @@
 """The Megatron actor on CPU (torchrun + gloo): one GRPO update gives the same loss, grad norm and
 log-probs for TP1, TP2, PP2, DP2 (distributed optimizer) and TP2 x PP2, padded or packed, by rows or by a
-token budget, and a few updates move the log-probs of positive-advantage responses up and of negative
-ones down."""
+token budget; for every loss aggregation mode the update does not depend on the micro-batching (rows or
+a token budget) or on DP; and a few updates move the log-probs of positive-advantage responses up and of
+negative ones down."""
 
 import json
 
 import pytest
 import torch
 
+from grpo_core.algos import LOSS_AGG_MODES
 from tests.dist.launch import torchrun
 
 
@@ -33,12 +35,17 @@ def tiny_llama(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def layouts(tiny_llama, tmp_path_factory):
-    out = tmp_path_factory.mktemp("actor")
+def actor_out(tmp_path_factory):
+    return tmp_path_factory.mktemp("actor")
+
+
+@pytest.fixture(scope="module")
+def layouts(tiny_llama, actor_out):
+    out = actor_out
     results = {}
-    launches = [
-        (1, "1,1;1,1,h;1,1,t;1,1,pt", ["--learn-steps", "4"]),
-        (2, "2,1;1,2;1,1;1,1,r;2,1,p;1,1,pt", []),
+    launches = [  # the DP1 and DP2 launches also run the aggregation x micro-batching sweep (sweep_dp*.json)
+        (1, "1,1;1,1,h;1,1,t;1,1,pt", ["--learn-steps", "4", "--sweep-out", str(out / "sweep_dp1.json")]),
+        (2, "2,1;1,2;1,1;1,1,r;2,1,p;1,1,pt", ["--sweep-out", str(out / "sweep_dp2.json")]),
         (4, "2,2;2,2,pt", []),
     ]
     for nproc, spec, extra in launches:
@@ -66,18 +73,62 @@ def test_every_layout_gives_the_same_update(layouts):
     assert 0 < ref["metrics"]["actor/pg_clipfrac"] < 1  # the synthetic old log-probs exercise clipping
 
 
-def test_the_update_gradient_is_autograd_of_the_grpo_loss_on_the_hf_model(layouts, tiny_llama):
-    """The actor normalises each micro-batch's loss sum by the whole mini-batch's token count before the backward;
-    its gradient norm must be that of the same token-mean GRPO loss differentiated through the HF model."""
+@pytest.fixture(scope="module")
+def sweeps(layouts, actor_out):
+    return {dp: json.loads((actor_out / f"sweep_dp{dp}.json").read_text()) for dp in (1, 2)}
+
+
+SWEEP_METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm")
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_the_update_does_not_depend_on_micro_batching_or_dp(sweeps, mode):
+    """Issue 15: one update at micro-batches of 2, 4 and 8 rows or their token budgets, at DP1 and DP2, gives one
+    loss and grad norm in every aggregation mode (fp32: to 1e-5)."""
+    from tests.dist.actor_worker import sweep_micro_batching
+
+    names = [name for name, _, _ in sweep_micro_batching()]
+    ref = sweeps[1]["updates"][f"{mode}/8"]
+    assert ref["actor/grad_norm"] > 0
+    for dp, sweep in sweeps.items():
+        for name in names:
+            got = sweep["updates"][f"{mode}/{name}"]
+            for key in SWEEP_METRICS:
+                assert got[key] == pytest.approx(ref[key], abs=1e-5), (dp, name, key)
+
+
+def test_dr_grpo_is_the_token_sum_mean_over_the_constant(sweeps):
+    """With every response's token sum divided by one constant C=8, Dr.GRPO's update is seq-mean-token-sum's / 8."""
+    norm, plain = sweeps[1]["updates"]["seq-mean-token-sum-norm/8"], sweeps[1]["updates"]["seq-mean-token-sum/8"]
+    for key in SWEEP_METRICS:
+        assert norm[key] == pytest.approx(plain[key] / 8, rel=1e-5), key
+
+
+def test_log_probs_by_a_token_budget_equal_those_by_rows(sweeps):
+    real = torch.tensor(sweeps[1]["response_mask"]).bool()  # log-probs past a response's end are never used
+    ref = torch.tensor(sweeps[1]["log_probs"]["8"])[real]
+    for dp, sweep in sweeps.items():
+        assert len(sweep["log_probs"]) == 6
+        for name, log_probs in sweep["log_probs"].items():
+            assert torch.allclose(torch.tensor(log_probs)[real], ref, atol=1e-5), (dp, name)
+        # the sweep put the weights back after every update: each combination started from the same ones
+        assert torch.allclose(torch.tensor(sweep["restored"])[real], ref, atol=1e-5), dp
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_the_update_gradient_is_autograd_of_the_grpo_loss_on_the_hf_model(sweeps, tiny_llama, mode):
+    """The actor divides each micro-batch's loss sum by the whole mini-batch's denominator (tokens or non-empty
+    rows) before the backward; its gradient norm must be that of the same GRPO loss, in each aggregation mode,
+    differentiated through the HF model."""
     from transformers import AutoModelForCausalLM
 
     from grpo_core.actor.loss import grpo_loss
     from grpo_core.models.shape import load_model_shape
-    from tests.dist.actor_worker import LOSS, synthetic_batch, with_old_and_ref
+    from tests.dist.actor_worker import sweep_loss, synthetic_batch, with_old_and_ref
 
-    ref = layouts["tp1_pp1_dp1"]
+    ref = sweeps[1]["updates"][f"{mode}/8"]
     batch = synthetic_batch(load_model_shape(tiny_llama).vocab_size)
-    batch = with_old_and_ref(batch, torch.tensor(ref["log_probs"]))
+    batch = with_old_and_ref(batch, torch.tensor(sweeps[1]["log_probs"]["8"]))
     model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32, attn_implementation="eager")
     logits = model(batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids).logits
     total, r = batch.input_ids.shape[1], batch.response_length
@@ -85,11 +136,11 @@ def test_the_update_gradient_is_autograd_of_the_grpo_loss_on_the_hf_model(layout
     lp = log_p.gather(-1, batch.responses.unsqueeze(-1)).squeeze(-1)
     entropy = -(log_p.exp() * log_p).sum(-1)
     loss_sum, denominator, _ = grpo_loss(
-        lp, entropy, batch.old_log_probs, batch.advantages, batch.response_mask, batch.ref_log_probs, LOSS
+        lp, entropy, batch.old_log_probs, batch.advantages, batch.response_mask, batch.ref_log_probs, sweep_loss(mode)
     )
     (loss_sum / denominator).backward()
     grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()
-    assert ref["metrics"]["actor/grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
+    assert ref["actor/grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
 
 
 def test_fp16_with_loss_scaling_matches_fp32_to_its_precision(layouts):
@@ -134,7 +185,11 @@ def test_settings_come_from_verl_keys():
 
     from tests.conftest import REPO
 
-    overrides = ["actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1", "actor_rollout_ref.actor.kl_coeff=0.02"]
+    overrides = [
+        "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1",
+        "actor_rollout_ref.actor.kl_coeff=0.02",
+        "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=0.5",
+    ]
     proc = subprocess.run(
         [sys.executable, "-c", SETTINGS_SNIPPET, str(REPO / "configs" / "grpo_advanced.yaml"), *overrides],
         capture_output=True, text=True, cwd=REPO, timeout=300,
@@ -148,6 +203,33 @@ def test_settings_come_from_verl_keys():
     assert s["recompute"] is False  # the YAML sets recompute_granularity itself, via override_transformer_config
     assert s["transformer_overrides"]["recompute_granularity"] == "full"
     assert s["loss"]["kl_loss_coef"] == 0.02 and s["loss"]["clip_ratio_high"] == 0.28
+    assert s["loss"]["loss_scale_factor"] == 2048  # Dr.GRPO's constant: data.max_response_length unless set
+    assert s["optimizer_overrides"] == {"optimizer_offload_fraction": 0.5}
+
+
+def test_log_prob_passes_take_rows_or_their_token_budget():
+    from types import SimpleNamespace
+
+    from grpo_core.trainer.loop import log_prob_batching
+
+    rows = SimpleNamespace(log_prob_micro_batch_size_per_gpu=8, log_prob_use_dynamic_bsz=False,
+                           log_prob_max_token_len_per_gpu=4096)  # fmt: skip
+    assert log_prob_batching(rows) == {"micro_batch_rows": 8, "micro_batch_tokens": None}
+    rows.log_prob_use_dynamic_bsz = True
+    assert log_prob_batching(rows) == {"micro_batch_rows": 8, "micro_batch_tokens": 4096}
+
+
+def test_optimizer_overrides_come_after_the_offload_shorthand():
+    from grpo_core.actor.actor import optimizer_fields
+
+    whole = {"optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0}
+    assert optimizer_fields(True, None, cuda=True) == whole
+    assert optimizer_fields(False, {"lr": 1e-5}, cuda=True) == {"lr": 1e-5}
+    half = {"optimizer_offload_fraction": 0.5, "overlap_cpu_optimizer_d2h_h2d": True}
+    assert optimizer_fields(True, half, cuda=True) == {"optimizer_cpu_offload": True, **half}
+    # a CPU holds the states in host memory already; megatron's GPU/CPU hybrid step cannot run there
+    assert optimizer_fields(True, half, cuda=False) == {"optimizer_cpu_offload": False, **half}
+    assert optimizer_fields(False, {"optimizer_cpu_offload": True}, cuda=False) == {"optimizer_cpu_offload": False}
 
 
 @pytest.mark.parametrize("vocab_size", [50, 47], ids=["full", "padded"])

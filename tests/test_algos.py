@@ -10,6 +10,7 @@ from grpo_core.algos import (
     ADV_ESTIMATORS,
     KL_PENALTY_TYPES,
     LOSS_AGG_MODES,
+    agg_denominator,
     agg_loss,
     compute_grpo_outcome_advantage,
     compute_policy_loss,
@@ -198,12 +199,32 @@ RAGGED = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
         ("token-mean", 2.5),  # (1+2+3+4) / 4 tokens = 10/4
         ("seq-mean-token-sum", 5.0),  # row sums [6, 4] -> mean 5
         ("seq-mean-token-mean", 3.0),  # row means [6/3, 4/1] = [2, 4] -> mean 3
-        ("seq-mean-token-sum-norm", 10 / 3),  # (6 + 4) / mask width 3
+        ("seq-mean-token-sum-norm", 5 / 3),  # row sums [6, 4] / C (default: mask width 3) -> mean (2 + 4/3)/2
     ],
 )
 def test_agg_loss_modes(mode, expected):
     assert mode in LOSS_AGG_MODES
     torch.testing.assert_close(agg_loss(LOSS, RAGGED, mode), torch.tensor(expected))
+
+
+def test_agg_denominator_counts_tokens_or_non_empty_rows():
+    assert agg_denominator(RAGGED, "token-mean") == 4
+    for mode in ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):  # not the mask width
+        assert agg_denominator(RAGGED, mode) == 2
+        assert agg_denominator(torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]), mode) == 1
+
+
+def test_dr_grpo_divides_each_row_by_the_constant_not_by_its_length():
+    # row sums [6, 4] / C=8 = [0.75, 0.5] -> mean over the 2 rows 0.625; the other modes ignore the constant
+    torch.testing.assert_close(
+        agg_loss(LOSS, RAGGED, "seq-mean-token-sum-norm", loss_scale_factor=8.0), torch.tensor(0.625)
+    )
+    torch.testing.assert_close(agg_loss(LOSS, RAGGED, "seq-mean-token-sum", loss_scale_factor=8.0), torch.tensor(5.0))
+    # a wider mask (more padding columns) changes nothing once C is fixed
+    wide_loss, wide_mask = torch.nn.functional.pad(LOSS, (0, 4), value=9.0), torch.nn.functional.pad(RAGGED, (0, 4))
+    torch.testing.assert_close(
+        agg_loss(wide_loss, wide_mask, "seq-mean-token-sum-norm", loss_scale_factor=8.0), torch.tensor(0.625)
+    )
 
 
 @pytest.mark.parametrize(
@@ -212,7 +233,7 @@ def test_agg_loss_modes(mode, expected):
         ("token-mean", 1.5),  # (1+2) / 2 tokens
         ("seq-mean-token-sum", 3.0),  # row sums [3, 0], only 1 non-empty row -> 3/1
         ("seq-mean-token-mean", 1.5),  # row means [3/2, 0/clamp(0)=0], 1 non-empty row -> 1.5
-        ("seq-mean-token-sum-norm", 1.0),  # (3 + 0) / width 3
+        ("seq-mean-token-sum-norm", 1.0),  # row sums [3, 0] / width 3, 1 non-empty row -> 1/1
     ],
 )
 def test_agg_loss_empty_row(mode, expected):
@@ -227,7 +248,7 @@ def test_agg_loss_unknown_mode():
         agg_loss(LOSS, RAGGED, "sum")
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 def test_agg_loss_denominator_splits_into_micro_batches(mode):
     gen = torch.Generator().manual_seed(1)
     loss = torch.randn(6, 5, generator=gen, dtype=torch.float64)
@@ -237,9 +258,12 @@ def test_agg_loss_denominator_splits_into_micro_batches(mode):
     n_rows = int((mask.sum(-1) > 0).sum())
     assert n_rows == 5
     global_norm = mask.sum().item() if mode == "token-mean" else float(n_rows)
-    micro_batches = (slice(0, 3), slice(3, 6))
-    pieces = sum(agg_loss(loss[s], mask[s], mode, denominator=global_norm) for s in micro_batches)
-    torch.testing.assert_close(pieces, agg_loss(loss, mask, mode))
+    assert sum(agg_denominator(mask[s], mode) for s in (slice(0, 2), slice(2, 6))) == global_norm
+    for micro_batches in [(slice(0, 3), slice(3, 6)), (slice(0, 1), slice(1, 4), slice(4, 6))]:
+        pieces = sum(
+            agg_loss(loss[s], mask[s], mode, denominator=global_norm, loss_scale_factor=7.0) for s in micro_batches
+        )
+        torch.testing.assert_close(pieces, agg_loss(loss, mask, mode, loss_scale_factor=7.0))
 
 
 # ---------------------------------------------------------------- compute_policy_loss

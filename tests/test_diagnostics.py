@@ -121,6 +121,22 @@ def test_oom_advice_lists_the_remedies_in_order_with_the_values_in_use():
     assert "ppo_micro_batch_size_per_gpu" not in gen
 
 
+def test_oom_advice_names_the_token_budget_a_phase_uses():
+    budgets = [
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=4096",
+    ]
+    cfg = load_config(None, [*CURRENT, *budgets])
+    assert "lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu (now 16384)" in advice.oom_advice(
+        cfg, "update", 0, None
+    )
+    old = advice.oom_advice(cfg, "old_log_prob", 0, None)
+    assert "lower actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu (now 4096)" in old
+    assert "micro_batch_size" not in old
+    assert "ref.log_prob_micro_batch_size_per_gpu (now None)" in advice.oom_advice(cfg, "ref", 0, None)
+
+
 def test_timed_phase_prints_oom_advice_on_stderr_and_reraises(capsys):
     from grpo_core.diagnostics import RunDiagnostics
     from grpo_core.trainer.loop import timed

@@ -12,6 +12,7 @@ from tests.conftest import REPO
 
 BASE = str(REPO / "configs" / "grpo_base.yaml")
 MEGA = "actor_rollout_ref.actor.megatron."
+OPTIM = "actor_rollout_ref.actor.optim."
 
 GUIDE_COMMANDS = [
     f"--config {BASE} --dry-run",
@@ -44,6 +45,16 @@ GUIDE_COMMANDS = [
     f"{MEGA}pipeline_model_parallel_size=4 {MEGA}expert_model_parallel_size=8 "
     f"+{MEGA}override_transformer_config.num_layers_in_first_pipeline_stage=22 "
     f"+{MEGA}override_transformer_config.num_layers_in_last_pipeline_stage=22 --dry-run",
+    f"--config {BASE} actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true "
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=12288 "
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true "
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=12288 --dry-run",
+    # verl's optimizer CPU offload, through megatron's OptimizerConfig
+    f"--config {BASE} {MEGA}optimizer_offload=True "
+    f"+{OPTIM}override_optimizer_config.optimizer_offload_fraction=1. "
+    f"+{OPTIM}override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=True "
+    f"+{OPTIM}override_optimizer_config.use_precision_aware_optimizer=True "
+    f"+{OPTIM}override_optimizer_config.optimizer_cpu_offload=True --dry-run",
 ]
 
 
@@ -96,6 +107,23 @@ INVALID = [
         ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.model.use_remove_padding=false"],
         "use_dynamic_bsz with pipeline parallelism needs packed sequences",
     ),
+    (
+        [
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=1000",
+        ],
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=1000 does not hold one sequence of max_prompt_length",
+    ),
+    (
+        ["actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true", "actor_rollout_ref.model.use_remove_padding=false"],
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz with pipeline parallelism needs packed sequences",
+    ),
+    ([f"+{OPTIM}override_optimizer_config.optimizer_ofload_fraction=1."], "did you mean 'optimizer_offload_fraction'"),
+    (
+        [f"+{OPTIM}override_optimizer_config.no_such_field=1"],
+        f"{OPTIM}override_optimizer_config.no_such_field: megatron's OptimizerConfig has no field 'no_such_field'",
+    ),
+    (["actor_rollout_ref.actor.loss_scale_factor=0"], "actor_rollout_ref.actor.loss_scale_factor=0.0 must be > 0"),
     (["trainer.nnodes=0"], "trainer.nnodes=0 must be >= 1"),
     (["trainer.nnodes=two"], "trainer.nnodes='two' is not a valid int"),
     (["trainer.n_gpu_per_node=8"], "did you mean 'trainer.n_gpus_per_node'"),
@@ -163,3 +191,32 @@ def test_multi_node_torchrun_without_a_rendezvous_warns_in_a_dry_run_and_is_refu
 def test_warnings_do_not_fail(capsys):
     assert main(["train", "--config", BASE, "algorithm.group_size=16", "--dry-run"]) == 0
     assert "outside the guide's 5-10" in capsys.readouterr().out
+
+
+def test_an_override_that_undoes_optimizer_offload_warns(capsys):
+    args = [f"{MEGA}optimizer_offload=true", f"+{OPTIM}override_optimizer_config.optimizer_offload_fraction=0.5"]
+    assert main(["train", "--config", BASE, *args, "--dry-run"]) == 0
+    assert "optimizer_offload=true is overridden by" in capsys.readouterr().out
+
+
+def test_log_prob_token_budgets_size_the_log_prob_phase():
+    """Base: 512 + 1024 = 1536-token sequences, log-prob micro-batches of 8; a budget holds budget // 1536 rows,
+    and the larger of the old and reference passes sizes the phase."""
+    from grpo_core.config import load_config
+    from grpo_core.config.validate import estimate_memory, log_prob_micro_batch
+    from grpo_core.models.shape import load_model_shape
+
+    def cfg(*overrides):
+        return load_config(BASE, list(overrides))
+
+    old, ref = "actor_rollout_ref.rollout.log_prob_", "actor_rollout_ref.ref.log_prob_"
+    assert log_prob_micro_batch(cfg()) == 8
+    assert log_prob_micro_batch(cfg(f"{old}use_dynamic_bsz=true", f"{old}max_token_len_per_gpu=6144")) == 8  # ref's 8
+    both = [f"{old}use_dynamic_bsz=true", f"{ref}use_dynamic_bsz=true", f"{ref}max_token_len_per_gpu=3072"]
+    assert log_prob_micro_batch(cfg(*both, f"{old}max_token_len_per_gpu=6144")) == 4  # 6144 // 1536 > 3072 // 1536
+    assert log_prob_micro_batch(cfg(*both, f"{old}max_token_len_per_gpu=30000")) == 19
+    assert log_prob_micro_batch(cfg(*both, "actor_rollout_ref.actor.use_kl_loss=false")) == 10  # no ref pass: 16384
+    shape = load_model_shape(cfg().actor_rollout_ref.model.path)
+    small = estimate_memory(cfg(*both, f"{old}max_token_len_per_gpu=6144"), shape).phases["log_prob"]
+    large = estimate_memory(cfg(*both, f"{old}max_token_len_per_gpu=30000"), shape).phases["log_prob"]
+    assert large > small

@@ -57,7 +57,8 @@ def base_overrides(model: Path, data: Path, steps: int) -> list[str]:
 
 def test_grpo_learns_the_capitals_task(tmp_path, capitals):
     """A random tiny policy answers in capitals for < 0.2 of its samples; GRPO must get it above 0.8.
-    The actor packs its rows (the default) into micro-batches of at most 256 tokens (use_dynamic_bsz)."""
+    The actor packs its rows (the default) into micro-batches of at most 256 tokens (use_dynamic_bsz), and so
+    do the old log-prob passes (rollout.log_prob_use_dynamic_bsz)."""
     model = tiny_model_dir(tmp_path / "model", seed=1, init_range=0.3)
     run = tmp_path / "run"
     steps = 25
@@ -69,6 +70,8 @@ def test_grpo_learns_the_capitals_task(tmp_path, capitals):
         "actor_rollout_ref.actor.optim.lr=1e-2",
         "actor_rollout_ref.actor.use_dynamic_bsz=true",
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=256",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=256",
         "trainer.resume_mode=disable",
     )
     assert result.returncode == 0, result.stderr[-4000:]

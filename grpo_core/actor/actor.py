@@ -38,6 +38,7 @@ class ActorSettings:
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = True
     optimizer_offload: bool = False  # Adam states in host memory, step on the CPU (GPU runs only)
+    optimizer_overrides: dict | None = None  # megatron OptimizerConfig fields (override_optimizer_config)
     recompute: bool = False
     transformer_overrides: dict | None = None
     lr: float = 1e-6
@@ -73,6 +74,7 @@ class ActorSettings:
             sequence_parallel=m.sequence_parallel,
             use_distributed_optimizer=m.use_distributed_optimizer,
             optimizer_offload=m.optimizer_offload,
+            optimizer_overrides=dict(optim.override_optimizer_config),
             recompute=recompute and "recompute_granularity" not in overrides,
             transformer_overrides=overrides,
             lr=optim.lr,
@@ -91,8 +93,20 @@ class ActorSettings:
             # packed sequences need attention per sequence: not split over context-parallel ranks here
             pack_sequences=cfg.actor_rollout_ref.model.use_remove_padding and layout.cp == 1,
             ppo_epochs=actor.ppo_epochs,
-            loss=LossSettings.from_actor_config(actor),
+            loss=LossSettings.from_config(cfg),
         )
+
+
+def optimizer_fields(optimizer_offload: bool, overrides: dict | None, cuda: bool) -> dict:
+    """OptimizerConfig fields on top of the actor's own: ``optimizer_offload`` is shorthand for megatron's
+    whole-step CPU offload, and ``override_optimizer_config`` comes after it (verl's order), so its keys win.
+    Without CUDA the states are in host memory already and megatron's offload path (a GPU/CPU hybrid) cannot
+    run: it stays off."""
+    fields = {"optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0} if optimizer_offload else {}
+    fields.update(overrides or {})
+    if not cuda and fields.get("optimizer_cpu_offload"):
+        fields["optimizer_cpu_offload"] = False
+    return fields
 
 
 def finalize_presummed_grads(model, num_tokens=None, **kwargs) -> None:
@@ -167,7 +181,7 @@ class MegatronActor:
         self.model = [
             DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=chunk) for chunk in self.model
         ]
-        opt_config = OptimizerConfig(
+        base = dict(
             optimizer="adam",
             lr=s.lr,
             min_lr=s.min_lr,
@@ -184,9 +198,8 @@ class MegatronActor:
             initial_loss_scale=s.initial_loss_scale,
             hysteresis=1,
         )
-        if s.optimizer_offload and torch.cuda.is_available():  # on a CPU the states are in host memory already
-            opt_config.optimizer_cpu_offload = True
-            opt_config.optimizer_offload_fraction = 1.0
+        extra = optimizer_fields(s.optimizer_offload, s.optimizer_overrides, torch.cuda.is_available())
+        opt_config = OptimizerConfig(**{**base, **extra})
         fused.install_optimizer_kernels()
         self.optimizer = get_megatron_optimizer(opt_config, self.model)
         self._fused_adam = not opt_config.optimizer_cpu_offload and fused.use_fused_adam(self.optimizer)
@@ -245,16 +258,12 @@ class MegatronActor:
         total, r = mb.rows.input_ids.shape[1], mb.rows.response_length
         return lp[:, total - r - 1 : total - 1], ent[:, total - r - 1 : total - 1]
 
-    def _micro_batches(self, batch: RolloutBatch, rows: int) -> list[MicroBatch]:
-        """``rows`` (or a token budget's worth) at a time, packed or without the prompt columns all rows pad.
-        Pipeline stages exchange fixed-shape activations, so with PP > 1 every micro-batch has one width:
-        the longest packed row, or the batch's width unpacked."""
+    def _micro_batches(self, batch: RolloutBatch, rows: int, tokens: int | None = None) -> list[MicroBatch]:
+        """``rows`` at a time, or as many as fit ``tokens`` when given; packed or without the prompt columns all
+        rows pad. Pipeline stages exchange fixed-shape activations, so with PP > 1 every micro-batch has one
+        width: the longest packed row, or the batch's width unpacked."""
         s, pp = self.s, self.s.layout.pp
-        groups = (
-            batch.split(rows)
-            if s.micro_batch_tokens is None
-            else split_by_tokens(batch, s.micro_batch_tokens, packed=s.pack_sequences)
-        )
+        groups = batch.split(rows) if tokens is None else split_by_tokens(batch, tokens, packed=s.pack_sequences)
         if s.pack_sequences:
             multiple = self._sequence_multiple()
             length = max(packed_length(g, multiple) for g in groups) if pp > 1 else None
@@ -305,13 +314,17 @@ class MegatronActor:
     # ---- public -----------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def compute_log_prob(self, batch: RolloutBatch, micro_batch_rows: int | None = None):
-        """(log-probs, entropy) of every response token, [B, R] each, on every rank."""
+    def compute_log_prob(
+        self, batch: RolloutBatch, micro_batch_rows: int | None = None, micro_batch_tokens: int | None = None
+    ):
+        """(log-probs, entropy) of every response token, [B, R] each, on every rank. Micro-batches of
+        ``micro_batch_rows`` (default: the update's) or, when given, of ``micro_batch_tokens`` tokens (verl's
+        ``log_prob_use_dynamic_bsz`` + ``log_prob_max_token_len_per_gpu``)."""
         self.reload_from_host()
         for chunk in self.model:
             chunk.eval()
         local = self._dp_slice(batch).to(device())
-        micro = self._micro_batches(local, micro_batch_rows or self.s.micro_batch_rows)
+        micro = self._micro_batches(local, micro_batch_rows or self.s.micro_batch_rows, micro_batch_tokens)
 
         def step(data_iterator, model):
             mb = next(data_iterator)
@@ -359,7 +372,7 @@ class MegatronActor:
     def forward_backward(self, mini: RolloutBatch) -> list[dict]:
         """The GRPO loss's gradients for one mini-batch, reduced over DP, in the grad buffers (no step)."""
         local = self._dp_slice(mini).to(device())
-        micro = self._micro_batches(local, self.s.micro_batch_rows)
+        micro = self._micro_batches(local, self.s.micro_batch_rows, self.s.micro_batch_tokens)
         entropy_grad = self.s.loss.entropy_coeff != 0
         scale = 1.0 / max(self._global_denominator(micro), 1)
 

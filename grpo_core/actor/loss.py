@@ -24,10 +24,17 @@ class LossSettings:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     entropy_coeff: float = 0.0
+    # Dr.GRPO's constant C (seq-mean-token-sum-norm): one number for every micro-batch, so the update does not
+    # depend on how the mini-batch is split; None falls back to the loss mask's width (see ``agg_loss``)
+    loss_scale_factor: float | None = None
 
     @classmethod
-    def from_actor_config(cls, actor) -> "LossSettings":
-        return cls(**{name: getattr(actor, name) for name in cls.__dataclass_fields__})
+    def from_config(cls, cfg) -> "LossSettings":
+        """From ``actor_rollout_ref.actor``; C is its ``loss_scale_factor``, else ``data.max_response_length``."""
+        actor = cfg.actor_rollout_ref.actor
+        settings = {name: getattr(actor, name) for name in cls.__dataclass_fields__ if name != "loss_scale_factor"}
+        scale = actor.loss_scale_factor
+        return cls(**settings, loss_scale_factor=float(cfg.data.max_response_length if scale is None else scale))
 
 
 def grpo_loss(
@@ -53,15 +60,17 @@ def grpo_loss(
         s.clip_ratio_c,
         mode,
         denominator=1.0,
+        loss_scale_factor=s.loss_scale_factor,
     )
     total = pg
     metrics = {"actor/pg_loss": pg.detach()}
     if s.use_kl_loss:
-        kl = agg_loss(kl_penalty(log_prob, ref_log_prob, s.kl_loss_type), mask, mode, denominator=1.0)
+        kl_mat = kl_penalty(log_prob, ref_log_prob, s.kl_loss_type)
+        kl = agg_loss(kl_mat, mask, mode, denominator=1.0, loss_scale_factor=s.loss_scale_factor)
         total = total + s.kl_loss_coef * kl
         metrics["actor/kl_loss"] = kl.detach()
     if entropy is not None:
-        ent = agg_loss(entropy, mask, mode, denominator=1.0)
+        ent = agg_loss(entropy, mask, mode, denominator=1.0, loss_scale_factor=s.loss_scale_factor)
         if s.entropy_coeff:
             total = total - s.entropy_coeff * ent
         metrics["actor/entropy"] = ent.detach()

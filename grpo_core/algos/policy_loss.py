@@ -15,44 +15,52 @@ def agg_loss(
     loss_mask: torch.Tensor,
     loss_agg_mode: str,
     denominator: float | torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ) -> torch.Tensor:
     """Reduce a [batch, T] per-token loss to a scalar.
 
-    ``denominator`` replaces the local normaliser (token count, non-empty row count, or mask width for
-    "-norm") so summing the results over micro-batches/ranks with the global normaliser gives the
+    token-mean: token sum / token count. seq-mean-token-sum: mean over rows of each row's token sum.
+    seq-mean-token-mean: mean over rows of each row's token mean. seq-mean-token-sum-norm (Dr.GRPO): mean
+    over rows of each row's token sum / C, with C = ``loss_scale_factor`` a constant (the trainer passes
+    verl's ``loss_scale_factor`` or ``data.max_response_length``), so no sequence is weighted by its own
+    length; without one it falls back to the mask width, which is only constant if every call has the same.
+
+    ``denominator`` replaces the local normaliser (the token count or the non-empty row count,
+    ``agg_denominator``) so summing the results over micro-batches/ranks with the global normaliser gives the
     whole-batch aggregate. Empty rows add nothing and are not counted as rows, so they never make NaN.
     """
+    _check_mode(loss_agg_mode)
     masked = loss_mat * loss_mask
     if loss_agg_mode == "token-mean":
-        norm = loss_mask.sum().clamp(min=1) if denominator is None else denominator
-        return masked.sum() / norm
-
-    row_tokens = loss_mask.sum(dim=-1)
-    row_sums = masked.sum(dim=-1)
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        return row_sums.sum() / (loss_mask.shape[-1] if denominator is None else denominator)
-    if loss_agg_mode == "seq-mean-token-sum":
-        per_row = row_sums
-    elif loss_agg_mode == "seq-mean-token-mean":
-        per_row = row_sums / row_tokens.clamp(min=1)
+        total = masked.sum()
     else:
-        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {list(LOSS_AGG_MODES)}")
-    norm = (row_tokens > 0).sum().clamp(min=1) if denominator is None else denominator
-    return per_row.sum() / norm
+        row_sums = masked.sum(dim=-1)
+        if loss_agg_mode == "seq-mean-token-mean":
+            row_sums = row_sums / loss_mask.sum(dim=-1).clamp(min=1)
+        total = row_sums.sum()
+        if loss_agg_mode == "seq-mean-token-sum-norm":
+            total = total / (loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
+    return total / (_count(loss_mask, loss_agg_mode).clamp(min=1) if denominator is None else denominator)
 
 
 def agg_denominator(loss_mask: torch.Tensor, loss_agg_mode: str) -> int:
-    """The normaliser ``agg_loss`` divides by for this mask: tokens, non-empty rows, or the mask width.
+    """The normaliser ``agg_loss`` divides by for this mask: its token count for token-mean, its non-empty
+    row count for every seq-mean mode (Dr.GRPO's constant is a factor of each row, not a normaliser).
 
     Summed over micro-batches and data-parallel ranks it is the global normaliser, which makes the
     aggregate independent of how a mini-batch is split."""
-    if loss_agg_mode == "token-mean":
-        return int(loss_mask.sum().item())
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        return loss_mask.shape[-1]
-    if loss_agg_mode in LOSS_AGG_MODES:
-        return int((loss_mask.sum(dim=-1) > 0).sum().item())
-    raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {list(LOSS_AGG_MODES)}")
+    _check_mode(loss_agg_mode)
+    return int(_count(loss_mask, loss_agg_mode).item())
+
+
+def _count(loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
+    """Tokens (token-mean) or non-empty rows (the seq-mean modes), as a tensor: no host sync."""
+    return loss_mask.sum() if loss_agg_mode == "token-mean" else (loss_mask.sum(dim=-1) > 0).sum()
+
+
+def _check_mode(loss_agg_mode: str) -> None:
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {list(LOSS_AGG_MODES)}")
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -70,13 +78,15 @@ def compute_policy_loss(
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
     denominator: float | torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate loss with clip-higher bounds and dual clip; all inputs [batch, response_len].
 
     The ratio is clipped to [1 - low, 1 + high]; for negative advantages the loss is further capped at
     -A * clip_ratio_c, so one token whose probability exploded cannot dominate the batch.
     Returns (scalar loss, metrics of 0-dim detached tensors: pg_clipfrac, ppo_kl, pg_clipfrac_lower).
-    ``denominator`` is passed to ``agg_loss`` (a global normaliser for micro-batched training).
+    ``denominator`` and ``loss_scale_factor`` are passed to ``agg_loss`` (a global normaliser for
+    micro-batched training; Dr.GRPO's constant).
     """
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1.0, got {clip_ratio_c}")
@@ -92,7 +102,7 @@ def compute_policy_loss(
     negative = advantages < 0
     losses = torch.where(negative, torch.minimum(clipped, loss3), clipped)
 
-    pg_loss = agg_loss(losses, response_mask, loss_agg_mode, denominator)
+    pg_loss = agg_loss(losses, response_mask, loss_agg_mode, denominator, loss_scale_factor)
     metrics = {
         "pg_clipfrac": _masked_mean((loss2 > loss1).float(), response_mask),
         "ppo_kl": _masked_mean(-neg_kl, response_mask),

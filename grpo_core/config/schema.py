@@ -66,6 +66,9 @@ class OptimConfig:
     adam_beta2: float = setting(0.999, "Adam beta2")
     total_training_steps: int | None = setting(None, "steps the schedule spans (null: from trainer)")
     initial_loss_scale: float = setting(65536.0, "fp16 only: first dynamic loss scale, halved on each overflow")
+    override_optimizer_config: dict[str, Any] = setting(
+        {}, "free-form megatron OptimizerConfig fields, added with +key=value (they win over optimizer_offload)"
+    )
 
 
 @dataclass
@@ -122,6 +125,9 @@ class ActorConfig:
     clip_ratio_high: float | None = setting(None, "upper clip epsilon, 'clip-higher' (null: clip_ratio)")
     clip_ratio_c: float = setting(3.0, "dual-clip bound for negative advantages (> 1)")
     loss_agg_mode: str = setting("token-mean", "how token losses become one number")
+    loss_scale_factor: float | None = setting(
+        None, "seq-mean-token-sum-norm (Dr.GRPO): divides each response's token sum (null: max_response_length)"
+    )
     entropy_coeff: float = setting(0.0, "entropy bonus subtracted from the loss")
     use_kl_loss: bool = setting(True, "add a KL(actor || reference) term to the loss (GRPO's way)")
     kl_loss_coef: float = setting(0.001, "weight of the KL loss (guide spelling: kl_coeff)")
@@ -137,6 +143,8 @@ class ActorConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int | None = setting(None, "responses per ref forward (null: actor's)")
+    log_prob_use_dynamic_bsz: bool = setting(False, "size ref-forward micro-batches by token count instead")
+    log_prob_max_token_len_per_gpu: int = setting(16384, "token budget per ref forward when log_prob_use_dynamic_bsz")
     megatron: RefMegatronConfig = section(RefMegatronConfig, "reference model layout (inherits the actor's)")
 
 
@@ -175,6 +183,10 @@ class RolloutConfig:
     enforce_eager: bool = setting(False, "disable CUDA graphs in the engine")
     free_cache_engine: bool = setting(True, "release the KV cache during the update (sleep/wake)")
     log_prob_micro_batch_size_per_gpu: int | None = setting(None, "responses per old-log-prob forward")
+    log_prob_use_dynamic_bsz: bool = setting(False, "size old-log-prob micro-batches by token count instead")
+    log_prob_max_token_len_per_gpu: int = setting(
+        16384, "token budget per old-log-prob forward when log_prob_use_dynamic_bsz"
+    )
     seed: int = setting(0, "engine-level sampling seed")
     val_kwargs: ValKwargs = section(ValKwargs, "sampling settings for validation")
 
@@ -308,7 +320,7 @@ class GRPOConfig:
     tracking: TrackingConfig = section(TrackingConfig, "MLflow and its model registry")
 
 
-FREE_FORM_KEYS = ("override_transformer_config", "env")
+FREE_FORM_KEYS = ("override_transformer_config", "override_optimizer_config", "env")
 """Dict-typed settings whose keys the schema does not know; new keys are added with ``+key=value``."""
 
 

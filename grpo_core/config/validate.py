@@ -75,6 +75,15 @@ def uneven_stages(overrides: dict) -> tuple[int | None, int | None]:
     return overrides.get("num_layers_in_first_pipeline_stage"), overrides.get("num_layers_in_last_pipeline_stage")
 
 
+def optimizer_offloaded(cfg: GRPOConfig) -> bool:
+    """Whether the whole Adam step runs on the host: ``optimizer_offload``, unless override_optimizer_config
+    (applied after it, as in the actor) says otherwise. A partial offload fraction counts as not offloaded."""
+    m, overrides = cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.actor.optim.override_optimizer_config
+    on = overrides.get("optimizer_cpu_offload", m.optimizer_offload)
+    fraction = overrides.get("optimizer_offload_fraction", 1.0 if m.optimizer_offload else 0.0)
+    return bool(on) and isinstance(fraction, int | float) and fraction >= 1.0
+
+
 def memory_options(cfg: GRPOConfig) -> MemoryOptions:
     m = cfg.actor_rollout_ref.actor.megatron
     return MemoryOptions(
@@ -82,7 +91,7 @@ def memory_options(cfg: GRPOConfig) -> MemoryOptions:
         use_distributed_optimizer=m.use_distributed_optimizer,
         param_offload=m.param_offload,
         grad_offload=m.grad_offload,
-        optimizer_offload=m.optimizer_offload,
+        optimizer_offload=optimizer_offloaded(cfg),
         sequence_parallel=m.sequence_parallel,
         recompute=cfg.actor_rollout_ref.model.enable_gradient_checkpointing
         or m.override_transformer_config.get("recompute_granularity") is not None,
@@ -140,6 +149,8 @@ def _check_algorithm(cfg: GRPOConfig, r: Report) -> None:
         value = getattr(actor, key)
         if value is not None and value < 0:
             r.errors.append(f"actor_rollout_ref.actor.{key}={value} must be >= 0")
+    if actor.loss_scale_factor is not None and actor.loss_scale_factor <= 0:
+        r.errors.append(f"actor_rollout_ref.actor.loss_scale_factor={actor.loss_scale_factor} must be > 0 (or null)")
     if actor.clip_ratio_c <= 1:
         r.errors.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual clip)")
     if actor.optim.lr <= 0:
@@ -228,19 +239,37 @@ def _check_batches(cfg: GRPOConfig, layout: ParallelLayout, r: Report) -> None:
             f"each DP rank gets {per_rank} responses per mini-batch, not a multiple of "
             f"ppo_micro_batch_size_per_gpu={micro}"
         )
-    if actor.use_dynamic_bsz:
-        longest = d.max_prompt_length + d.max_response_length
-        if actor.ppo_max_token_len_per_gpu < longest:
-            r.errors.append(
-                f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} does not hold "
-                f"one sequence of max_prompt_length + max_response_length = {longest} tokens"
-            )
-        packed = cfg.actor_rollout_ref.model.use_remove_padding and layout.cp == 1
-        if layout.pp > 1 and not packed:
-            r.errors.append(
-                "use_dynamic_bsz with pipeline parallelism needs packed sequences (micro-batches of one shape): "
-                "set actor_rollout_ref.model.use_remove_padding=true and context_parallel_size=1"
-            )
+    for switch, budget_key, on, budget in token_budgets(cfg):
+        if on:
+            _check_token_budget(cfg, layout, switch, budget_key, budget, r)
+
+
+def token_budgets(cfg: GRPOConfig) -> list[tuple[str, str, bool, int]]:
+    """(switch key, budget key, switch, budget) of each phase that can size micro-batches by tokens."""
+    arr, p = cfg.actor_rollout_ref, "actor_rollout_ref"
+    return [
+        (f"{p}.actor.use_dynamic_bsz", f"{p}.actor.ppo_max_token_len_per_gpu", arr.actor.use_dynamic_bsz,
+         arr.actor.ppo_max_token_len_per_gpu),
+        (f"{p}.rollout.log_prob_use_dynamic_bsz", f"{p}.rollout.log_prob_max_token_len_per_gpu",
+         arr.rollout.log_prob_use_dynamic_bsz, arr.rollout.log_prob_max_token_len_per_gpu),
+        (f"{p}.ref.log_prob_use_dynamic_bsz", f"{p}.ref.log_prob_max_token_len_per_gpu",
+         arr.ref.log_prob_use_dynamic_bsz, arr.ref.log_prob_max_token_len_per_gpu),
+    ]  # fmt: skip
+
+
+def _check_token_budget(cfg: GRPOConfig, layout: ParallelLayout, switch: str, key: str, budget: int, r: Report):
+    """A token budget must hold one longest sequence, and pipeline stages need micro-batches of one shape."""
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if budget < longest:
+        r.errors.append(
+            f"{key}={budget} does not hold one sequence of max_prompt_length + max_response_length = {longest} tokens"
+        )
+    packed = cfg.actor_rollout_ref.model.use_remove_padding and layout.cp == 1
+    if layout.pp > 1 and not packed:
+        r.errors.append(
+            f"{switch} with pipeline parallelism needs packed sequences (micro-batches of one shape): "
+            "set actor_rollout_ref.model.use_remove_padding=true and context_parallel_size=1"
+        )
 
 
 def _check_layout(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r: Report) -> None:
@@ -313,6 +342,21 @@ def update_micro_batch(cfg: GRPOConfig) -> int:
     return actor.ppo_micro_batch_size_per_gpu
 
 
+def log_prob_micro_batch(cfg: GRPOConfig) -> int:
+    """Responses per forward of the larger log-prob pass (old or reference): what its token budget holds with
+    log_prob_use_dynamic_bsz, else its micro-batch size (null: ppo_micro_batch_size_per_gpu, as the actor)."""
+    seq_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+    arr = cfg.actor_rollout_ref
+    passes = [arr.rollout] + ([arr.ref] if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward else [])
+    sizes = [
+        max(p.log_prob_max_token_len_per_gpu // seq_len, 1)
+        if p.log_prob_use_dynamic_bsz
+        else p.log_prob_micro_batch_size_per_gpu or arr.actor.ppo_micro_batch_size_per_gpu
+        for p in passes
+    ]
+    return max(sizes)
+
+
 def estimate_memory(cfg: GRPOConfig, shape: ModelShape) -> MemoryEstimate:
     """Per-GPU GiB by phase for this config: what the dry run checks and an out-of-memory error quotes."""
     arr = cfg.actor_rollout_ref
@@ -330,7 +374,7 @@ def estimate_memory(cfg: GRPOConfig, shape: ModelShape) -> MemoryEstimate:
         rollout_utilization=rollout.gpu_memory_utilization,
         rollout_dtype=rollout.dtype,
         free_cache_engine=rollout.free_cache_engine,
-        log_prob_micro_batch=rollout.log_prob_micro_batch_size_per_gpu,
+        log_prob_micro_batch=log_prob_micro_batch(cfg),
         static_sequences=rollout.max_num_seqs if rollout.name == "static" else None,
     )
 
@@ -364,43 +408,60 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
         r.warnings.append(f"estimated peak {est.peak:.1f} GiB is within 10% of the GPU's {gpu:g} GiB")
 
 
+OVERRIDE_TARGETS = [
+    (
+        "actor_rollout_ref.actor.megatron.override_transformer_config",
+        "transformer.transformer_config.TransformerConfig",
+    ),
+    ("actor_rollout_ref.ref.megatron.override_transformer_config", "transformer.transformer_config.TransformerConfig"),
+    ("actor_rollout_ref.actor.optim.override_optimizer_config", "optimizer.optimizer_config.OptimizerConfig"),
+]
+"""Free-form settings and the megatron-core dataclass (under ``megatron.core``) whose fields they set."""
+
+
 @cache
-def _transformer_config_fields() -> frozenset[str] | None:
+def _megatron_fields(target: str) -> frozenset[str] | None:
+    """The field names of a megatron-core config dataclass, or None where megatron-core is not importable."""
+    module, name = target.rsplit(".", 1)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            from megatron.core.transformer.transformer_config import TransformerConfig
+            cls = getattr(importlib.import_module(f"megatron.core.{module}"), name)
     except ImportError:
         return None
-    return frozenset(f.name for f in dataclasses.fields(TransformerConfig))
+    return frozenset(f.name for f in dataclasses.fields(cls))
 
 
-def _check_transformer_overrides(cfg: GRPOConfig, r: Report) -> None:
-    """override_transformer_config goes to megatron's TransformerConfig: check its keys now, not at start-up."""
-    arr = cfg.actor_rollout_ref
-    sections = [
-        ("actor", arr.actor.megatron.override_transformer_config),
-        ("ref", arr.ref.megatron.override_transformer_config),
-    ]
-    if not any(overrides for _, overrides in sections):
-        return
-    known = _transformer_config_fields()
-    if known is None:
-        r.warnings.append("megatron-core is not importable here: override_transformer_config keys were not checked")
-        return
-    for who, overrides in sections:
-        for key, value in overrides.items():
-            prefix = f"actor_rollout_ref.{who}.megatron.override_transformer_config.{key}"
-            if key not in known:
-                guess = difflib.get_close_matches(key, known, n=1)
+def _check_megatron_overrides(cfg: GRPOConfig, r: Report) -> None:
+    """override_transformer_config / override_optimizer_config go to megatron's TransformerConfig /
+    OptimizerConfig: check their keys now, not at start-up."""
+    for key, target in OVERRIDE_TARGETS:
+        overrides = _get(cfg, key)
+        if not overrides:
+            continue
+        known, cls = _megatron_fields(target), target.rsplit(".", 1)[1]
+        if known is None:
+            r.warnings.append(f"megatron-core is not importable here: {key} keys were not checked against {cls}")
+            continue
+        for name, value in overrides.items():
+            prefix = f"{key}.{name}"
+            if name not in known:
+                guess = difflib.get_close_matches(name, known, n=1)
                 hint = f"; did you mean '{guess[0]}'?" if guess else ""
-                r.errors.append(f"{prefix}: megatron's TransformerConfig has no field '{key}'{hint}")
-            elif value is True and key in FUSIONS_NEEDING_KERNELS:
-                needs = FUSIONS_NEEDING_KERNELS[key]
+                r.errors.append(f"{prefix}: megatron's {cls} has no field '{name}'{hint}")
+            elif value is True and name in FUSIONS_NEEDING_KERNELS:
+                needs = FUSIONS_NEEDING_KERNELS[name]
                 if not any(importlib.util.find_spec(m) for m in needs):
                     r.warnings.append(
                         f"{prefix}=true needs {' or '.join(needs)}, not installed here; megatron refuses it at start-up"
                     )
+    actor = cfg.actor_rollout_ref.actor
+    if actor.megatron.optimizer_offload and not optimizer_offloaded(cfg):
+        r.warnings.append(
+            "actor_rollout_ref.actor.megatron.optimizer_offload=true is overridden by "
+            "actor_rollout_ref.actor.optim.override_optimizer_config (optimizer_cpu_offload / "
+            "optimizer_offload_fraction): the optimizer states are not all in host memory"
+        )
 
 
 def _check_paths(cfg: GRPOConfig, r: Report) -> None:
@@ -450,7 +511,7 @@ def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
     _check_choices(cfg, r)
     _check_algorithm(cfg, r)
     _check_paths(cfg, r)
-    _check_transformer_overrides(cfg, r)
+    _check_megatron_overrides(cfg, r)
     _check_launch(cfg, r)
     layout = actor_layout(cfg)
     _check_batches(cfg, layout, r)

@@ -58,6 +58,14 @@ def is_comm_failure(error: BaseException) -> bool:
     return isinstance(error, backend_error) or (isinstance(error, RuntimeError) and timed_out)
 
 
+def _log_prob_batch_remedy(section, phase: str) -> str:
+    """Lower the log-prob pass's token budget when it has one, else its micro-batch size."""
+    key = f"actor_rollout_ref.{'rollout' if phase == 'old_log_prob' else 'ref'}"
+    if section.log_prob_use_dynamic_bsz:
+        return f"lower {key}.log_prob_max_token_len_per_gpu (now {section.log_prob_max_token_len_per_gpu})"
+    return f"lower {key}.log_prob_micro_batch_size_per_gpu (now {section.log_prob_micro_batch_size_per_gpu})"
+
+
 def oom_advice(cfg: GRPOConfig, phase: str, rank: int, estimate: MemoryEstimate | None) -> str:
     """The remedies for an out-of-memory error in ``phase``, in the guide's order, with the values in use."""
     arr = cfg.actor_rollout_ref
@@ -70,15 +78,15 @@ def oom_advice(cfg: GRPOConfig, phase: str, rank: int, estimate: MemoryEstimate 
             f"{estimate.peak:.1f} GiB, {estimate.peak_phase}) against trainer.gpu_memory_gib={gpu:g}."
         )
     remedies = []
-    if phase in ("update", "old_log_prob"):
+    if phase == "update" and actor.use_dynamic_bsz:
+        remedies.append(
+            f"lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu (now {actor.ppo_max_token_len_per_gpu})"
+        )
+    elif phase == "update" or (phase == "old_log_prob" and not rollout.log_prob_use_dynamic_bsz):
         micro = actor.ppo_micro_batch_size_per_gpu
         remedies.append(f"lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (now {micro})")
-    if phase == "old_log_prob":
-        micro = rollout.log_prob_micro_batch_size_per_gpu
-        remedies.append(f"lower actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu (now {micro})")
-    if phase == "ref":
-        micro = arr.ref.log_prob_micro_batch_size_per_gpu
-        remedies.append(f"lower actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu (now {micro})")
+    if phase in ("old_log_prob", "ref"):
+        remedies.append(_log_prob_batch_remedy(rollout if phase == "old_log_prob" else arr.ref, phase))
     remedies.append(
         "offload between phases: actor_rollout_ref.actor.megatron.param_offload / grad_offload / optimizer_offload"
         f" (now {_b(m.param_offload)}/{_b(m.grad_offload)}/{_b(m.optimizer_offload)}),"

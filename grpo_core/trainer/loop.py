@@ -119,11 +119,10 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             batch = to_rollout_batch(rollouts.gen, tokenizer.pad_token_id)
 
             with timed(timings, "old_log_prob", diag):
-                micro = arr.rollout.log_prob_micro_batch_size_per_gpu
-                batch.old_log_probs, entropy = actor.compute_log_prob(batch, micro)
+                batch.old_log_probs, entropy = actor.compute_log_prob(batch, **log_prob_batching(arr.rollout))
             if ref is not None:
                 with timed(timings, "ref", diag):
-                    batch.ref_log_probs, _ = ref.compute_log_prob(batch, arr.ref.log_prob_micro_batch_size_per_gpu)
+                    batch.ref_log_probs, _ = ref.compute_log_prob(batch, **log_prob_batching(arr.ref))
                     if arr.ref.megatron.param_offload:
                         ref.offload_to_host(params=True)
 
@@ -295,6 +294,13 @@ def _engine_is_the_actor(cfg: GRPOConfig) -> bool:
 def _engine_starts_empty(cfg: GRPOConfig) -> bool:
     """The static engine is built without weights: the actor's (already loaded) are pushed into it."""
     return cfg.actor_rollout_ref.rollout.name == "static"
+
+
+def log_prob_batching(section) -> dict:
+    """``compute_log_prob``'s micro-batching from ``rollout`` (old log-probs) or ``ref``: rows, or a token
+    budget with ``log_prob_use_dynamic_bsz``."""
+    tokens = section.log_prob_max_token_len_per_gpu if section.log_prob_use_dynamic_bsz else None
+    return {"micro_batch_rows": section.log_prob_micro_batch_size_per_gpu, "micro_batch_tokens": tokens}
 
 
 def _needs_ref(cfg: GRPOConfig) -> bool:

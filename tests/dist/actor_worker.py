@@ -1,12 +1,14 @@
 """Run by torchrun from tests/test_actor.py: one GRPO update on fixed synthetic rollouts, per layout.
 
 Every layout loads the same Hugging Face checkpoint and sees the same batch, so loss, grad norm and
-log-probs must agree across TP/PP/DP. Rank 0 writes the results as JSON.
+log-probs must agree across TP/PP/DP. With ``--sweep-out``, the same process then runs one update per loss
+aggregation mode x micro-batch size x rows-or-token-budget at TP1 PP1 (DP = the world size), each from the
+same weights, and the log-probs at each micro-batching. Rank 0 writes the results as JSON.
 """
 
 import argparse
+import dataclasses
 import json
-
 
 import torch
 import torch.distributed as dist
@@ -14,12 +16,28 @@ import torch.distributed as dist
 from grpo_core.actor.actor import ActorSettings, MegatronActor
 from grpo_core.actor.loss import LossSettings
 from grpo_core.actor.parallel import init_distributed, init_model_parallel
+from grpo_core.algos import LOSS_AGG_MODES
 from grpo_core.data.batch import RolloutBatch
 from grpo_core.models.shape import load_model_shape
 from grpo_core.planning.layout import ParallelLayout
 
-
 LOSS = LossSettings(kl_loss_coef=0.1, entropy_coeff=0.01, clip_ratio=0.2)  # every layout's update
+SWEEP_ROWS = (2, 4, 8)  # micro-batch rows; at DP2 a rank's 4 rows are one micro-batch of 8
+SWEEP_TOKENS_PER_ROW = 9  # its token-budget twin: 9 x rows tokens, padding counted (rows are 9-11 wide)
+
+
+def sweep_loss(mode: str) -> LossSettings:
+    """The sweep's loss: the layouts' with another aggregation, and a Dr.GRPO constant that is not the width 5."""
+    return dataclasses.replace(LOSS, loss_agg_mode=mode, loss_scale_factor=8.0)
+
+
+def sweep_micro_batching() -> list[tuple[str, int, int | None]]:
+    """(name, micro-batch rows, token budget or None) of every micro-batching the sweep runs."""
+    return [
+        (f"{rows}{'t' if dynamic else ''}", rows, rows * SWEEP_TOKENS_PER_ROW if dynamic else None)
+        for rows in SWEEP_ROWS
+        for dynamic in (False, True)
+    ]
 
 
 def synthetic_batch(vocab: int, rows: int = 8, prompt: int = 6, response: int = 5) -> RolloutBatch:
@@ -45,6 +63,34 @@ def with_old_and_ref(batch: RolloutBatch, log_probs: torch.Tensor) -> RolloutBat
     return batch
 
 
+def sweep(hf_dir: str, shape, world: int) -> dict:
+    """One actor, its weights put back after every update: each combination starts from the same weights, and
+    its loss and grad norm are taken before its optimizer step."""
+    layout = ParallelLayout(world_size=world)
+    init_model_parallel(layout, seed=7)
+    base = ActorSettings(layout=layout, lr=1e-3, mini_batch_rows=8, micro_batch_rows=8, loss=LOSS)
+    policy = MegatronActor(shape, base, hf_path=hf_dir)
+    params = [p for chunk in policy.model for p in chunk.parameters()]
+    start = [p.detach().clone() for p in params]
+    batch = synthetic_batch(shape.vocab_size)
+    out: dict = {"log_probs": {}, "updates": {}, "response_mask": batch.response_mask.tolist()}
+    for name, rows, tokens in sweep_micro_batching():
+        out["log_probs"][name] = policy.compute_log_prob(batch, rows, tokens)[0].tolist()
+    batch = with_old_and_ref(batch, torch.tensor(out["log_probs"]["8"]))
+    for mode in LOSS_AGG_MODES:
+        for name, rows, tokens in sweep_micro_batching():
+            policy.s = dataclasses.replace(
+                base, micro_batch_rows=rows, micro_batch_tokens=tokens, loss=sweep_loss(mode)
+            )
+            out["updates"][f"{mode}/{name}"] = policy.update(batch)
+            with torch.no_grad():
+                for p, w in zip(params, start, strict=True):
+                    p.copy_(w)
+    # the weights (and the distributed optimizer's fp32 shards, views of them) are back where they started
+    out["restored"] = policy.compute_log_prob(batch, 8)[0].tolist()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hf-dir", required=True)
@@ -56,6 +102,7 @@ def main() -> None:
     )
     parser.add_argument("--learn-steps", type=int, default=0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--sweep-out", help="also run the aggregation x micro-batching sweep, written here")
     args = parser.parse_args()
     init_distributed()
     world = dist.get_world_size()
@@ -83,11 +130,14 @@ def main() -> None:
         reference = MegatronActor(shape, settings, hf_path=args.hf_dir, trainable=False)
         offloaded = reference.offload_to_host(params=True)
         batch = synthetic_batch(shape.vocab_size)
-        log_probs, entropy = policy.compute_log_prob(batch)
+        tokens = settings.micro_batch_tokens  # the log-prob passes by the same token budget as the update
+        log_probs, entropy = policy.compute_log_prob(batch, micro_batch_tokens=tokens)
         batch = with_old_and_ref(batch, log_probs)
         grads_offloaded = policy.offload_to_host(params=True, grads=True)  # update() brings them back
         metrics = policy.update(batch)
-        ref_after, _ = reference.compute_log_prob(batch)  # reloads the offloaded weights by itself
+        ref_after, _ = reference.compute_log_prob(
+            batch, micro_batch_tokens=tokens
+        )  # reloads the offloaded weights by itself
         result = {
             "log_probs": log_probs.tolist(),
             "entropy": entropy.tolist(),
@@ -98,7 +148,10 @@ def main() -> None:
             # packed rows are sliced at other memory offsets from call to call, and CPU GEMM kernels round by
             # alignment: frozen means unchanged to 1e-6, two orders below what one update moves
             "ref_change": (ref_after - log_probs).abs().max().item(),
-            "policy_change": (policy.compute_log_prob(batch)[0] - log_probs).abs().max().item(),
+            "policy_change": (policy.compute_log_prob(batch, micro_batch_tokens=tokens)[0] - log_probs)
+            .abs()
+            .max()
+            .item(),
         }
         if args.learn_steps:
             for _ in range(args.learn_steps):
@@ -106,9 +159,13 @@ def main() -> None:
                 policy.update(batch)
             result["log_probs_after"] = policy.compute_log_prob(batch)[0].tolist()
         results[f"tp{tp}_pp{pp}_dp{layout.dp}{'_' + flags if flags else ''}"] = result
+    sweep_results = sweep(args.hf_dir, shape, world) if args.sweep_out else None
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump(results, f)
+        if args.sweep_out:
+            with open(args.sweep_out, "w") as f:
+                json.dump(sweep_results, f)
     dist.barrier()
     dist.destroy_process_group()
 
