@@ -15,7 +15,7 @@ from tests.support.tiny import TOKENIZER
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+@pytest.fixture(scope="module", params=[1, 2, 4], ids=["tp1", "tp2", "tp4"])
 def record(request, tmp_path_factory) -> dict:
     if not TOKENIZER.is_dir():
         pytest.skip(f"{TOKENIZER} (the shared SmolLM2 tokenizer) is not present")
