@@ -139,7 +139,7 @@ def test_tp_may_be_a_multiple_of_the_kv_heads():
     assert ParallelLayout(world_size=4, tp=4).problems(shape) == []
     assert ParallelLayout(world_size=3, tp=3).problems(shape) == [
         "TP=3 neither divides the 2 KV heads nor is a multiple of them: TP must be a divisor of 2 "
-        "or a multiple of 2 (then the KV heads are replicated)"
+        "or a multiple of 2 (each KV head then serves TP/2 ranks)"
     ]
     # Qwen3-235B-A22B: 64 heads over TP=8, its 4 KV heads replicated twice (the guide's TP=8 line).
     assert ParallelLayout(world_size=64, tp=8, ep=8).problems(shape_of("Qwen/Qwen3-235B-A22B")) == []

@@ -11,7 +11,7 @@ def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     megatron-core (``SelfAttention``, ``num_query_groups_per_partition``) and vLLM both allow TP to be a
     multiple of the KV heads; then the ``TP / num_kv_heads`` ranks of one query group each use that group's
     whole KV head. megatron still splits the fused QKV weight evenly (rows cut through a group) and
-    all-gathers the QKV output, so only activations and vLLM's weights and KV cache hold the replicas.
+    all-gathers the QKV output: only activations, KV caches and vLLM's weights hold replicas.
     """
     return max(num_kv_heads // tp, 1)
 
@@ -90,7 +90,7 @@ class ParallelLayout:
         if not tp_splits_kv_heads(kv, tp):
             out.append(
                 f"TP={tp} neither divides the {kv} KV heads nor is a multiple of them: TP must be a divisor of "
-                f"{kv} or a multiple of {kv} (then the KV heads are replicated)"
+                f"{kv} or a multiple of {kv} (each KV head then serves TP/{kv} ranks)"
             )
         elif not out and (heads + 2 * kv) * shape.head_dim % tp:
             # megatron splits the fused QKV rows evenly over TP, cutting through query groups when TP > kv
