@@ -34,6 +34,8 @@ class _CudaToCpu(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if func is torch.autograd.backward or func is torch.Tensor.backward:
+            return _backward_in(self, func, args, kwargs)
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = _CPU
         if func is torch.Tensor.cuda:
@@ -44,6 +46,40 @@ class _CudaToCpu(TorchFunctionMode):
         if func is torch.Tensor.type and len(args) == 1 and not kwargs and isinstance(result, str):
             return result.replace("torch.", "torch.cuda.", 1)
         return result
+
+
+def _backward_in(mode: TorchFunctionMode, func, args: tuple, kwargs: dict) -> None:
+    """Run a backward pass with ``mode`` on. torch (2.10+) sends ``backward()`` through the mode, and a mode
+    is off while its handler runs, so megatron's backward functions (the reduce-scatter behind an all-gather,
+    e.g. of the QKV output when TP exceeds the KV heads) would allocate on ``torch.cuda.current_device()``.
+    The engine is called directly, as ``torch.autograd.backward`` does after its own dispatch check."""
+    from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
+    from torch.autograd.graph import _engine_run_backward
+
+    if func is torch.Tensor.backward:
+        names = ("gradient", "retain_graph", "create_graph", "inputs")
+        given = dict(zip(names, args[1:], strict=False)) | kwargs
+        tensors, grads = (args[0],), given.get("gradient")
+    else:
+        names = ("grad_tensors", "retain_graph", "create_graph", "grad_variables", "inputs")
+        given = dict(zip(names, args[1:], strict=False)) | kwargs
+        tensors, grads = args[0], given.get("grad_tensors")
+        tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+    inputs = given.get("inputs")
+    inputs = () if inputs is None else ((inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs))
+    create_graph = bool(given.get("create_graph", False))
+    retain_graph = given.get("retain_graph")
+    grads = _make_grads(tensors, _tensor_or_tensors_to_tuple(grads, len(tensors)), is_grads_batched=False)
+    with mode:
+        _engine_run_backward(
+            tensors,
+            grads,
+            create_graph if retain_graph is None else retain_graph,
+            create_graph,
+            inputs,
+            allow_unreachable=True,
+            accumulate_grad=True,
+        )
 
 
 class _Stream:

@@ -74,6 +74,13 @@ MODELS = {
         ),
     ),
 }
+SINGLE = list(MODELS)  # the one-process run's models
+# 8 query heads over 2 KV heads, for TP=4 (more ranks than KV heads) in the four-process run only
+MODELS["qwen2_h8"] = (
+    "Qwen2Config",
+    "Qwen2ForCausalLM",
+    dict(vocab_size=96, num_attention_heads=8, tie_word_embeddings=False),
+)
 SHARDED = {"qwen2"}  # saved as several safetensors files with an index
 
 
@@ -82,7 +89,7 @@ def make_model(name: str, out: Path) -> None:
     import transformers
 
     config_cls, model_cls, extra = MODELS[name]
-    config = getattr(transformers, config_cls)(**COMMON, **extra)
+    config = getattr(transformers, config_cls)(**{**COMMON, **extra})
     torch.manual_seed(hash(name) % 1000)
     model = getattr(transformers, model_cls)(config).float()
     with torch.no_grad():
@@ -149,7 +156,7 @@ def check_case(record: dict) -> None:
 # ---------------------------------------------------------------- one process
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", SINGLE)
 def test_single_process_logits_and_round_trip(results, name):
     record = results(1)[name]
     check_case(record)
@@ -158,7 +165,7 @@ def test_single_process_logits_and_round_trip(results, name):
         assert r["read_elems"] == r["held_elems"]  # TP=1, no padding: everything read exactly once
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", SINGLE)
 def test_masks_and_packed_sequences(results, name):
     record = results(1)[name]
     assert record["explicit_mask_diff"] < TOL
@@ -198,6 +205,8 @@ FOUR = [
     "qwen3_moe-ep2-pp2",
     "qwen3_moe-tp2-ep2-etp1-spTrue",
     "llama-tp2-pp2-first3",
+    "qwen2_h8-tp4-spTrue",
+    "qwen3-tp4",
 ]
 
 
@@ -212,6 +221,21 @@ def test_two_processes(results, case):
 @pytest.mark.parametrize("case", FOUR)
 def test_four_processes(results, case):
     check_case(results(4)[case])
+
+
+@pytest.mark.parametrize(
+    "case,rows",
+    [
+        ("qwen2_h8-tp4-spTrue", (8 + 2 * 2) * 4 // 4),  # head_dim 32/8 = 4: rank 1 holds q head 3, k0, v0
+        ("qwen3-tp4", (4 + 2 * 2) * 16 // 4),  # head_dim 16: rank 1 holds k0 and v0
+    ],
+)
+def test_tp_above_kv_heads_splits_the_fused_qkv_rows(results, case, rows):
+    # megatron keeps no KV replica in its weights: each rank holds (heads + 2 * kv) * head_dim / TP QKV rows
+    # and attends with one whole KV head (its query group's, gathered from the ranks that hold it).
+    record = results(4)[case]
+    assert record["qkv_rows"] == rows
+    assert record["query_groups_per_rank"] == 1
 
 
 # ---------------------------------------------------------------- layouts and the writer, no megatron

@@ -220,3 +220,32 @@ def test_log_prob_token_budgets_size_the_log_prob_phase():
     small = estimate_memory(cfg(*both, f"{old}max_token_len_per_gpu=6144"), shape).phases["log_prob"]
     large = estimate_memory(cfg(*both, f"{old}max_token_len_per_gpu=30000"), shape).phases["log_prob"]
     assert large > small
+
+
+def test_tp_above_the_kv_heads(capsys):
+    # Qwen3-235B-A22B (64 heads, 4 KV heads) at TP=8: each KV head serves two ranks, as megatron allows.
+    qwen3_235b_tp8 = [
+        "actor_rollout_ref.model.path=Qwen/Qwen3-235B-A22B",
+        f"{MEGA}tensor_model_parallel_size=8",
+        f"{MEGA}pipeline_model_parallel_size=8",
+        f"{MEGA}expert_model_parallel_size=8",
+        f"+{MEGA}override_transformer_config.num_layers_in_first_pipeline_stage=11",
+        f"+{MEGA}override_transformer_config.num_layers_in_last_pipeline_stage=11",
+        *(f"{MEGA}{what}_offload=True" for what in ("param", "grad", "optimizer")),
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=8",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.85",
+        "trainer.nnodes=8",
+        "launch.launcher=slurm",
+    ]
+    assert main(["train", "--config", BASE, *qwen3_235b_tp8, "--dry-run"]) == 0, capsys.readouterr().err
+    assert "world=64 TP=8 PP=8 CP=1 DP=1 EP=8" in capsys.readouterr().out
+    # The base model's 28 heads divide by TP=14, its 4 KV heads neither divide by 14 nor does 14 by 4.
+    tp14 = [
+        f"{MEGA}tensor_model_parallel_size=14",
+        f"{MEGA}pipeline_model_parallel_size=1",
+        "trainer.n_gpus_per_node=14",
+    ]
+    assert main(["train", "--config", BASE, *tp14, "--dry-run"]) == 2
+    assert "TP=14 neither divides the 4 KV heads nor is a multiple of them: TP must be a divisor of 4" in (
+        capsys.readouterr().err
+    )

@@ -4,18 +4,22 @@ and the planner's recommendations for the guide's hardware matrix."""
 import pytest
 
 from grpo_core.models import load_model_shape
-from grpo_core.planning.layout import ParallelLayout
+from grpo_core.models.shape import ModelShape
+from grpo_core.planning.layout import ParallelLayout, kv_heads_per_rank, tp_splits_kv_heads
 from grpo_core.planning.memory import (
     GiB,
     MemoryOptions,
+    activation_bytes_per_token_layer,
     activation_gib,
     estimate_grpo_memory,
     forward_backward_peak_gib,
     logits_gib,
     params_per_gpu,
+    rollout_gib,
+    rollout_params_per_gpu,
     training_state_gib,
 )
-from grpo_core.planning.planner import plan_layout, uneven_stages
+from grpo_core.planning.planner import plan_layout, rollout_tp_fits, uneven_stages
 
 
 def shape_of(name):
@@ -128,17 +132,43 @@ def test_world_not_divisible_by_model_parallel():
     assert any("world size 8 is not divisible by TP*PP*CP = 3*1*1 = 3" in p for p in problems)
 
 
-def test_kv_groups_not_divisible_by_tp():
-    # Qwen2.5-1.5B: 12 heads divide by 4, its 2 KV groups do not.
-    problems = ParallelLayout(world_size=4, tp=4).problems(shape_of("Qwen/Qwen2.5-1.5B"))
-    assert problems == ["KV groups (2) are not divisible by TP=4"]
+def test_tp_may_be_a_multiple_of_the_kv_heads():
+    # Qwen2.5-1.5B: 12 heads, 2 KV heads. TP=4 is a multiple of 2 (each KV head serves 2 ranks); TP=3
+    # divides the heads but neither divides nor is a multiple of the KV heads.
+    shape = shape_of("Qwen/Qwen2.5-1.5B")
+    assert ParallelLayout(world_size=4, tp=4).problems(shape) == []
+    assert ParallelLayout(world_size=3, tp=3).problems(shape) == [
+        "TP=3 neither divides the 2 KV heads nor is a multiple of them: TP must be a divisor of 2 "
+        "or a multiple of 2 (each KV head then serves TP/2 ranks)"
+    ]
+    # Qwen3-235B-A22B: 64 heads over TP=8, its 4 KV heads replicated twice (the guide's TP=8 line).
+    assert ParallelLayout(world_size=64, tp=8, ep=8).problems(shape_of("Qwen/Qwen3-235B-A22B")) == []
+
+
+def test_tp_splits_kv_heads_and_kv_heads_per_rank():
+    assert [tp for tp in range(1, 17) if tp_splits_kv_heads(4, tp)] == [1, 2, 4, 8, 12, 16]
+    # (KV heads, TP) -> heads one rank attends with: its share, or one whole head
+    assert [kv_heads_per_rank(kv, tp) for kv, tp in [(8, 2), (4, 4), (4, 8), (2, 16), (1, 8)]] == [4, 1, 1, 1, 1]
+
+
+def test_qkv_rows_must_split_over_tp():
+    # 8 heads, 2 KV heads of width 1: (8 + 2*2) * 1 = 12 fused QKV rows cannot split over TP=8,
+    # although 8 divides the heads and is a multiple of the KV heads.
+    shape = ModelShape(
+        model_type="llama", hidden_size=8, num_layers=2, num_attention_heads=8, num_kv_heads=2, head_dim=1,
+        ffn_hidden_size=16, vocab_size=32, tie_embeddings=True, max_position_embeddings=64,
+    )  # fmt: skip
+    assert ParallelLayout(world_size=8, tp=8).problems(shape) == [
+        "the fused QKV projection's 12 rows ((8 + 2*2) heads x 1) are not divisible by TP=8"
+    ]
+    assert ParallelLayout(world_size=4, tp=4).problems(shape) == []
 
 
 def test_heads_not_divisible_by_tp():
     # SmolLM2-135M: 9 heads, 3 KV groups; TP=2 divides neither.
     problems = ParallelLayout(world_size=2, tp=2).problems(shape_of("HuggingFaceTB/SmolLM2-135M"))
-    assert "attention heads (9) are not divisible by TP=2" in problems
-    assert "KV groups (3) are not divisible by TP=2" in problems
+    assert "attention heads (9) are not divisible by TP=2: TP must divide 9" in problems
+    assert any(p.startswith("TP=2 neither divides the 3 KV heads") for p in problems)
 
 
 def test_good_layout_has_no_problems():
@@ -268,6 +298,37 @@ def test_activations_and_logits_by_hand():
     assert unfused == pytest.approx(2.9296875 + 3.9375)
     # Logits: 2048 tokens * 151936 vocab * 6 B = 1,866,989,568 B
     assert logits_gib(shape, layout, 2, 1024) == pytest.approx(1_866_989_568 / 2**30)
+
+
+def test_tp_above_the_kv_heads_by_hand():
+    # Qwen2.5-1.5B (h=1536, 12 heads, 2 KV heads of 128, f=8960, 28 layers, QKV bias) at TP=4.
+    shape = shape_of("Qwen/Qwen2.5-1.5B")
+    tp4 = ParallelLayout(world_size=4, tp=4)
+    # megatron splits the fused QKV rows evenly ((12 + 2*2) * 128 / 4 = 512 per rank): no replicas, so
+    # the weights per GPU are a quarter, as at TP=2 they are a half.
+    dense, _ = params_per_gpu(shape, ParallelLayout(world_size=1))
+    assert params_per_gpu(shape, tp4)[0] == pytest.approx(dense / 4)
+    # Activations per token and layer (sdpa, sequence parallel): 8h/4 = 3072 replicated-by-SP,
+    # 2*(4h + 5f)/4 = 2*(6144 + 44800)/4 = 25,472, and k/v of one whole KV head 2*4*128 = 1024
+    # (a 2/4-head share, 512, would be wrong): 29,568 B.
+    assert activation_bytes_per_token_layer(shape, tp4, 1024, MemoryOptions()) == 29_568
+    # At TP=2 the KV term is the share: 2*4*(2/2 * 128) = 1024 too, the rest halves: 6144 + 50,944 + 1024.
+    assert activation_bytes_per_token_layer(shape, ParallelLayout(world_size=2, tp=2), 1024, MemoryOptions()) == (
+        58_112
+    )
+
+
+def test_rollout_replicates_kv_heads_by_hand():
+    shape = shape_of("Qwen/Qwen2.5-1.5B")
+    # vLLM at TP=4 keeps one whole KV head per rank: 4 heads stored where there are 2, so 2 replicas per
+    # layer of K and V projections with bias: 2 * 2*128*(1536 + 1) = 786,944 params, 28 layers = 22,034,432.
+    assert rollout_params_per_gpu(shape, 4) == (shape.num_params + 22_034_432) / 4
+    assert rollout_params_per_gpu(shape, 2) == shape.num_params / 2
+    # its KV cache per token: 2 (K, V) * 28 layers * 1 head * 128 * 2 B = 14,336 B; 1024 sequences of 1024 tokens
+    weights, cache, sequences = rollout_gib(shape, 4, "bfloat16", 1024, 80, 0.5, static_sequences=1024)
+    assert cache == pytest.approx(1024 * 1024 * 14_336 / 2**30)  # 14 GiB
+    assert weights == pytest.approx((shape.num_params + 22_034_432) / 4 * 2 / 2**30)
+    assert rollout_tp_fits(shape, 4) and not rollout_tp_fits(shape, 3)
 
 
 def test_grpo_phases():

@@ -263,6 +263,12 @@ def _normalise(cfg: GRPOConfig) -> list[str]:
         trainer.resume_mode = trainer.resume_from_path
     if not trainer.default_local_dir:  # verl scripts pass `trainer.default_local_dir=` for its default
         trainer.default_local_dir = f"checkpoints/{trainer.project_name}/{trainer.experiment_name}"
+    actor = cfg.actor_rollout_ref.actor
+    for section in (cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref):  # verl's interpolations
+        if section.log_prob_use_dynamic_bsz is None:
+            section.log_prob_use_dynamic_bsz = actor.use_dynamic_bsz
+        if section.log_prob_max_token_len_per_gpu is None:
+            section.log_prob_max_token_len_per_gpu = actor.ppo_max_token_len_per_gpu
     if optim.total_training_steps is not None and optim.total_training_steps <= 0:
         optim.total_training_steps = None  # verl's -1: from the run's length
     return []

@@ -143,8 +143,12 @@ class ActorConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int | None = setting(None, "responses per ref forward (null: actor's)")
-    log_prob_use_dynamic_bsz: bool = setting(False, "size ref-forward micro-batches by token count instead")
-    log_prob_max_token_len_per_gpu: int = setting(16384, "token budget per ref forward when log_prob_use_dynamic_bsz")
+    log_prob_use_dynamic_bsz: bool | None = setting(
+        None, "size ref-forward micro-batches by token count instead (null: actor.use_dynamic_bsz, as verl)"
+    )
+    log_prob_max_token_len_per_gpu: int | None = setting(
+        None, "token budget per ref forward when log_prob_use_dynamic_bsz (null: actor.ppo_max_token_len_per_gpu)"
+    )
     megatron: RefMegatronConfig = section(RefMegatronConfig, "reference model layout (inherits the actor's)")
 
 
@@ -183,9 +187,12 @@ class RolloutConfig:
     enforce_eager: bool = setting(False, "disable CUDA graphs in the engine")
     free_cache_engine: bool = setting(True, "release the KV cache during the update (sleep/wake)")
     log_prob_micro_batch_size_per_gpu: int | None = setting(None, "responses per old-log-prob forward")
-    log_prob_use_dynamic_bsz: bool = setting(False, "size old-log-prob micro-batches by token count instead")
-    log_prob_max_token_len_per_gpu: int = setting(
-        16384, "token budget per old-log-prob forward when log_prob_use_dynamic_bsz"
+    log_prob_use_dynamic_bsz: bool | None = setting(
+        None, "size old-log-prob micro-batches by token count instead (null: actor.use_dynamic_bsz, as verl)"
+    )
+    log_prob_max_token_len_per_gpu: int | None = setting(
+        None,
+        "token budget per old-log-prob forward when log_prob_use_dynamic_bsz (null: actor.ppo_max_token_len_per_gpu)",
     )
     seed: int = setting(0, "engine-level sampling seed")
     val_kwargs: ValKwargs = section(ValKwargs, "sampling settings for validation")

@@ -290,7 +290,8 @@ def _check_layout(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
     elif not rollout_tp_fits(shape, rtp):
         r.errors.append(
             f"rollout tensor parallel size {rtp} does not split {shape.num_attention_heads} attention heads "
-            f"and {shape.num_kv_heads} KV heads"
+            f"and {shape.num_kv_heads} KV heads: it must divide {shape.num_attention_heads} and divide "
+            f"{shape.num_kv_heads} or be a multiple of it"
         )
     elif rtp > cfg.trainer.n_gpus_per_node:
         r.warnings.append(f"rollout TP={rtp} spans nodes: generation all-reduces will cross the network")

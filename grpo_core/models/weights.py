@@ -9,7 +9,11 @@ A megatron parameter is one of five kinds of shard of its HF tensors:
 
 For the fused kinds, ``fused_pieces`` lists which rows of which HF tensor follow each other when the
 TP shards are laid end to end. QKV is interleaved per query group ([q heads of group g, k_g, v_g]
-for each g), so a contiguous TP split hands each rank whole groups. SwiGLU's fc1 is
+for each g), so a contiguous TP split hands each rank whole groups when TP divides the KV heads.
+When TP is a multiple of them, megatron still splits those rows evenly, so a rank's rows cut through
+a group (e.g. 8 heads, 2 KV heads, TP=4: rank 1 holds q head 3, k_0 and v_0); its ``SelfAttention``
+all-gathers the QKV output and takes its group's KV head from there. The weights hold no replica, so
+loading and exporting need nothing more than the row ranges. SwiGLU's fc1 is
 [gate shard; up shard] on every rank, so the pieces alternate gate/up once per TP rank. Loading a
 shard intersects its row range with the pieces; exporting gathers the shards and cuts them apart.
 

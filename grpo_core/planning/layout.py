@@ -5,6 +5,22 @@ from dataclasses import dataclass
 from grpo_core.models.shape import ModelShape
 
 
+def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
+    """KV heads one TP rank attends with: its share, or one when TP exceeds them.
+
+    megatron-core (``SelfAttention``, ``num_query_groups_per_partition``) and vLLM both allow TP to be a
+    multiple of the KV heads; then the ``TP / num_kv_heads`` ranks of one query group each use that group's
+    whole KV head. megatron still splits the fused QKV weight evenly (rows cut through a group) and
+    all-gathers the QKV output: only activations, KV caches and vLLM's weights hold replicas.
+    """
+    return max(num_kv_heads // tp, 1)
+
+
+def tp_splits_kv_heads(num_kv_heads: int, tp: int) -> bool:
+    """TP divides the KV heads, or is a multiple of them (each head then serves TP / num_kv_heads ranks)."""
+    return num_kv_heads % tp == 0 or tp % num_kv_heads == 0
+
+
 @dataclass(frozen=True)
 class ParallelLayout:
     world_size: int
@@ -61,12 +77,27 @@ class ParallelLayout:
                 f"world size {self.world_size} is not divisible by TP*PP*CP = "
                 f"{self.tp}*{self.pp}*{self.cp} = {self.model_parallel}"
             )
-        if shape.num_attention_heads % self.tp:
-            out.append(f"attention heads ({shape.num_attention_heads}) are not divisible by TP={self.tp}")
-        if shape.num_kv_heads % self.tp:
-            out.append(f"KV groups ({shape.num_kv_heads}) are not divisible by TP={self.tp}")
+        out += self._head_problems(shape)
         out += self._pipeline_problems(shape, uneven_stage_layers)
         out += self._expert_problems(shape)
+        return out
+
+    def _head_problems(self, shape: ModelShape) -> list[str]:
+        heads, kv, tp = shape.num_attention_heads, shape.num_kv_heads, self.tp
+        out = []
+        if heads % tp:
+            out.append(f"attention heads ({heads}) are not divisible by TP={tp}: TP must divide {heads}")
+        if not tp_splits_kv_heads(kv, tp):
+            out.append(
+                f"TP={tp} neither divides the {kv} KV heads nor is a multiple of them: TP must be a divisor of "
+                f"{kv} or a multiple of {kv} (each KV head then serves TP/{kv} ranks)"
+            )
+        elif not out and (heads + 2 * kv) * shape.head_dim % tp:
+            # megatron splits the fused QKV rows evenly over TP, cutting through query groups when TP > kv
+            out.append(
+                f"the fused QKV projection's {(heads + 2 * kv) * shape.head_dim} rows "
+                f"(({heads} + 2*{kv}) heads x {shape.head_dim}) are not divisible by TP={tp}"
+            )
         return out
 
     def _pipeline_problems(self, shape: ModelShape, uneven: tuple[int | None, int | None]) -> list[str]:

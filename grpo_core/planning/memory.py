@@ -15,7 +15,7 @@ materialised. The constants were fitted to measured H200 peaks (see ``tests/test
 from dataclasses import dataclass, field
 
 from grpo_core.models.shape import ModelShape
-from grpo_core.planning.layout import ParallelLayout
+from grpo_core.planning.layout import ParallelLayout, kv_heads_per_rank
 
 GiB = 1024**3
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -64,7 +64,11 @@ class MemoryEstimate:
 
 
 def params_per_gpu(shape: ModelShape, layout: ParallelLayout) -> tuple[float, float]:
-    """(dense, expert) parameters held by one GPU of the heaviest pipeline stage."""
+    """(dense, expert) parameters held by one GPU of the heaviest pipeline stage.
+
+    Dense weights divide by TP even when TP exceeds the KV heads: megatron splits the fused QKV
+    rows evenly (``(heads + 2 * kv) * head_dim / TP`` per rank) and gathers the output, storing no replica.
+    """
     layers = shape.num_layers / layout.pp
     per_layer_dense = shape.dense_params - shape.embedding_params - shape.hidden_size
     per_layer_dense /= shape.num_layers
@@ -78,14 +82,16 @@ def params_per_gpu(shape: ModelShape, layout: ParallelLayout) -> tuple[float, fl
 def activation_bytes_per_token_layer(
     shape: ModelShape, layout: ParallelLayout, seq_len: int, opts: MemoryOptions
 ) -> float:
-    h, kv = shape.hidden_size, shape.num_kv_heads * shape.head_dim
+    h = shape.hidden_size
     f = shape.experts_per_token * shape.moe_ffn_hidden_size if shape.is_moe else shape.ffn_hidden_size
+    # key/value width on one rank: kv/TP heads, or one whole head when TP exceeds the KV heads
+    kv_per_rank = kv_heads_per_rank(shape.num_kv_heads, layout.tp) * shape.head_dim
     replicated = 2 * 4 * h  # norm inputs/outputs: split only by sequence parallelism
-    split = 2 * (4 * h + 4 * kv + 5 * f)
+    split = 2 * (4 * h + 5 * f)
     if opts.attention == "unfused":
         split += 6 * shape.num_attention_heads * seq_len / layout.cp
     sp = layout.tp if opts.sequence_parallel and layout.tp > 1 else 1
-    return replicated / sp + split / layout.tp
+    return replicated / sp + split / layout.tp + 2 * 4 * kv_per_rank
 
 
 def activation_gib(
@@ -123,6 +129,14 @@ def training_state_gib(shape: ModelShape, layout: ParallelLayout, opts: MemoryOp
     return params * wbytes / GiB, params * GRAD_BYTES / GiB, optimizer / GiB
 
 
+def rollout_params_per_gpu(shape: ModelShape, rollout_tp: int) -> float:
+    """Parameters one rollout-TP rank holds: a 1/TP share, plus the replicas of the K/V projections
+    (weights and biases) when TP exceeds the KV heads and each rank keeps a whole head (vLLM)."""
+    replicas = kv_heads_per_rank(shape.num_kv_heads, rollout_tp) * rollout_tp - shape.num_kv_heads
+    kv_head_params = 2 * shape.head_dim * (shape.hidden_size + (1 if shape.qkv_bias else 0))
+    return (shape.num_params + shape.num_layers * replicas * kv_head_params) / rollout_tp
+
+
 def rollout_gib(
     shape: ModelShape,
     rollout_tp: int,
@@ -137,8 +151,8 @@ def rollout_gib(
     vLLM takes ``utilization`` of the GPU and fills what its weights leave with KV cache; an engine with a
     static cache (``static_sequences``: rollout.max_num_seqs) holds exactly that many full-length sequences.
     """
-    weights = shape.num_params * DTYPE_BYTES[dtype] / rollout_tp / GiB
-    kv_heads = max(shape.num_kv_heads / rollout_tp, 1)
+    weights = rollout_params_per_gpu(shape, rollout_tp) * DTYPE_BYTES[dtype] / GiB
+    kv_heads = kv_heads_per_rank(shape.num_kv_heads, rollout_tp)
     kv_per_token = 2 * shape.num_layers * kv_heads * shape.head_dim * KV_BYTES
     if static_sequences is not None:
         return weights, static_sequences * seq_len * kv_per_token / GiB, float(static_sequences)

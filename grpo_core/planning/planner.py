@@ -15,7 +15,7 @@ The rules, in the order they are applied (each is said back to the user with the
 from dataclasses import dataclass, field
 
 from grpo_core.models.shape import ModelShape
-from grpo_core.planning.layout import ParallelLayout
+from grpo_core.planning.layout import ParallelLayout, tp_splits_kv_heads
 from grpo_core.planning.memory import MemoryEstimate, MemoryOptions, estimate_grpo_memory, training_state_gib
 
 STATIC_SHARE = 0.5
@@ -47,8 +47,7 @@ class Plan:
 
 def rollout_tp_fits(shape: ModelShape, tp: int) -> bool:
     """vLLM splits the heads over TP and replicates KV heads when TP exceeds them."""
-    kv_ok = shape.num_kv_heads % tp == 0 or tp % shape.num_kv_heads == 0
-    return shape.num_attention_heads % tp == 0 and kv_ok
+    return shape.num_attention_heads % tp == 0 and tp_splits_kv_heads(shape.num_kv_heads, tp)
 
 
 def _powers_of_two(limit: int) -> list[int]:

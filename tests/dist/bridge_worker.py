@@ -55,6 +55,9 @@ CASES = {
         ("qwen3_moe", {"ep": 2, "pp": 2}),
         ("qwen3_moe", {"tp": 2, "ep": 2, "etp": 1, "sp": True}),
         ("llama", {"tp": 2, "pp": 2, "first": 3}),  # uneven stages: 3 + 1 layers
+        # TP above the KV heads: each rank's QKV rows cut a query group (megatron all-gathers them)
+        ("qwen2_h8", {"tp": 4, "sp": True}),  # 8 heads / 2 KV: 3 head rows per rank, biased
+        ("qwen3", {"tp": 4}),  # 4 heads / 2 KV, QK norm
     ],
 }
 REPLICATED = ("norm.weight", "layernorm.weight", "mlp.gate.weight")
@@ -224,6 +227,9 @@ def run_case(name: str, layout: dict, models_dir: Path, out_dir: Path) -> dict:
         "read_elems": sum(torch.Size(ranges_shape(r)).numel() for _, _, r in log),
         "held_elems": sum(p.numel() for p in model.parameters()),
     }
+    attention = model.decoder.layers[0].self_attention
+    record["qkv_rows"] = attention.linear_qkv.weight.shape[0]
+    record["query_groups_per_rank"] = attention.num_query_groups_per_partition
     if layout.get("sp"):
         norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
         record["sp_marked"] = bool(norms) and all(m.weight.sequence_parallel for m in norms)

@@ -1,12 +1,14 @@
 """Run by torchrun from tests/test_weight_sync.py: the megatron actor's weights pushed into HFEngine.
 
-    torchrun --nproc-per-node N tests/dist/sync_worker.py --workdir DIR --out FILE
+    torchrun --nproc-per-node N tests/dist/sync_worker.py --workdir DIR --out FILE [--megatron-engine]
 
 Rank 0 writes a tiny random Llama (fp32, tied embeddings, the shared SmolLM2 tokenizer) to DIR. Every
 rank builds the actor from it (TP = N), does one GRPO update, and pushes the full HF tensors
 (``gather_hf_weights`` with ``dst=None``: every rank receives them) into its own HFEngine, loaded from
 the same DIR. The engine's teacher-forced log-probs of fixed prompt + response probes are compared with
-``actor.compute_log_prob`` before and after the push. Rank 0 writes every rank's numbers as JSON.
+``actor.compute_log_prob`` before and after the push. With ``--megatron-engine`` the MegatronEngine, on
+the actor's own model, then generates greedily next to the synced HFEngine (tokens and log-probs must
+agree). Rank 0 writes every rank's numbers as JSON.
 
 The model-building and probe helpers are shared with tests/dist/vllm_worker.py.
 """
@@ -116,10 +118,26 @@ def hf_log_probs(model, prompts: list[list[int]], responses: list[list[int]]) ->
     return out
 
 
+def megatron_engine_check(actor: MegatronActor, hf_engine, prompts: list[list[int]]) -> dict:
+    """Greedy tokens and log-probs of the MegatronEngine against the synced HFEngine (every rank generates)."""
+    from grpo_core.rollout import SamplingSettings
+    from grpo_core.rollout.megatron import MegatronEngine
+
+    engine = MegatronEngine.from_actor(actor, hf_engine.eos_ids, max_sequence_length=64, max_batch_size=4)
+    greedy = SamplingSettings(greedy=True, n=1, max_new_tokens=6)
+    mine, ref = engine.generate(prompts, greedy), hf_engine.generate(prompts, greedy)
+    same = mine.response_ids == ref.response_ids
+    return {
+        "megatron_same_tokens": same,
+        "megatron_logprob_diff": max_diff(mine.response_log_probs, ref.response_log_probs) if same else float("inf"),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--megatron-engine", action="store_true")
     args = parser.parse_args()
     init_distributed()
     hf_dir = Path(args.workdir) / "tiny_llama"
@@ -138,6 +156,8 @@ def main() -> None:
     after = max_diff(hf_log_probs(engine.model, prompts, PROBE_RESPONSES), expected)
     tied = engine.model.lm_head.weight.data_ptr() == engine.model.model.embed_tokens.weight.data_ptr()
     mine = {"before": before, "after": after, "sync_seconds": seconds, "still_tied": tied}
+    if args.megatron_engine:
+        mine.update(megatron_engine_check(actor, engine, prompts))
     ranks: list = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
     if dist.get_rank() == 0:
