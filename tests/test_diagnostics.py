@@ -134,7 +134,8 @@ def test_oom_advice_names_the_token_budget_a_phase_uses():
     old = advice.oom_advice(cfg, "old_log_prob", 0, None)
     assert "lower actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu (now 4096)" in old
     assert "micro_batch_size" not in old
-    assert "ref.log_prob_micro_batch_size_per_gpu (now None)" in advice.oom_advice(cfg, "ref", 0, None)
+    # the reference pass inherits the actor's use_dynamic_bsz and budget, as verl's config interpolates them
+    assert "ref.log_prob_max_token_len_per_gpu (now 16384)" in advice.oom_advice(cfg, "ref", 0, None)
 
 
 def test_timed_phase_prints_oom_advice_on_stderr_and_reraises(capsys):

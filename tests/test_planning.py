@@ -387,3 +387,14 @@ def test_uneven_stages():
     assert uneven_stages(28, 4) == (None, None)  # 28 / 4 = 7: even already
     assert uneven_stages(29, 2) == (None, None)  # no middle stage to even out
     assert uneven_stages(94, 4) == (23, 23)  # 94 - 46 = 48, 48 / 2 = 24
+
+
+def test_embedding_and_loss_counted_as_layers_in_the_pipeline_split():
+    # verl's Qwen3-235B-A22B script: 94 layers, PP=8, account_for_{embedding,loss}_in_pipeline_split: (94 + 2) / 8
+    shape = shape_of("Qwen/Qwen3-235B-A22B")
+    layout = ParallelLayout(world_size=32, tp=4, pp=8, ep=4)
+    assert "layers (94) are not divisible by PP=8" in layout.problems(shape)[0]
+    assert layout.problems(shape, pipeline_extra_layers=2) == []
+    one = layout.problems(shape, pipeline_extra_layers=1)  # 95 % 8
+    assert one and "layers (with the embedding/loss counted as layers) (95)" in one[0]
+    assert "cannot be combined" in layout.problems(shape, (11, 11), pipeline_extra_layers=2)[0]

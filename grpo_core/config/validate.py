@@ -75,6 +75,11 @@ def uneven_stages(overrides: dict) -> tuple[int | None, int | None]:
     return overrides.get("num_layers_in_first_pipeline_stage"), overrides.get("num_layers_in_last_pipeline_stage")
 
 
+def pipeline_extra_layers(overrides: dict) -> int:
+    """The embedding and the loss, when megatron places them in the pipeline split like layers."""
+    return sum(bool(overrides.get(f"account_for_{what}_in_pipeline_split")) for what in ("embedding", "loss"))
+
+
 def optimizer_offloaded(cfg: GRPOConfig) -> bool:
     """Whether the whole Adam step runs on the host: ``optimizer_offload``, unless override_optimizer_config
     (applied after it, as in the actor) says otherwise. A partial offload fraction counts as not offloaded."""
@@ -274,7 +279,8 @@ def _check_token_budget(cfg: GRPOConfig, layout: ParallelLayout, switch: str, ke
 
 def _check_layout(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r: Report) -> None:
     actor_m = cfg.actor_rollout_ref.actor.megatron
-    r.errors += layout.problems(shape, uneven_stages(actor_m.override_transformer_config))
+    overrides = actor_m.override_transformer_config
+    r.errors += layout.problems(shape, uneven_stages(overrides), pipeline_extra_layers(overrides))
     ref_m = cfg.actor_rollout_ref.ref.megatron
     for key, name in LAYOUT_KEYS:
         ref_value, actor_value = getattr(ref_m, key), getattr(actor_m, key)

@@ -54,11 +54,16 @@ class ParallelLayout:
         return text
 
     def problems(
-        self, shape: ModelShape, uneven_stage_layers: tuple[int | None, int | None] = (None, None)
+        self,
+        shape: ModelShape,
+        uneven_stage_layers: tuple[int | None, int | None] = (None, None),
+        pipeline_extra_layers: int = 0,
     ) -> list[str]:
         """Every reason megatron-core would refuse this layout for this model; empty when it is fine.
 
-        ``uneven_stage_layers`` holds ``num_layers_in_{first,last}_pipeline_stage`` when they are set.
+        ``uneven_stage_layers`` holds ``num_layers_in_{first,last}_pipeline_stage`` when they are set;
+        ``pipeline_extra_layers`` counts the embedding and the loss when megatron splits them like layers
+        (``account_for_{embedding,loss}_in_pipeline_split``).
         """
         out = []
         for name, size in [
@@ -78,7 +83,7 @@ class ParallelLayout:
                 f"{self.tp}*{self.pp}*{self.cp} = {self.model_parallel}"
             )
         out += self._head_problems(shape)
-        out += self._pipeline_problems(shape, uneven_stage_layers)
+        out += self._pipeline_problems(shape, uneven_stage_layers, pipeline_extra_layers)
         out += self._expert_problems(shape)
         return out
 
@@ -100,11 +105,13 @@ class ParallelLayout:
             )
         return out
 
-    def _pipeline_problems(self, shape: ModelShape, uneven: tuple[int | None, int | None]) -> list[str]:
+    def _pipeline_problems(self, shape: ModelShape, uneven: tuple[int | None, int | None], extra: int) -> list[str]:
         first, last = uneven
         if self.vpp is not None and self.pp == 1:
             return ["virtual pipeline stages need pipeline_model_parallel_size > 1"]
-        layers, stages = shape.num_layers, self.pp
+        if extra and (first or last):
+            return ["account_for_{embedding,loss}_in_pipeline_split cannot be combined with uneven first/last stages"]
+        layers, stages = shape.num_layers + extra, self.pp
         for fixed in (first, last):
             if fixed is not None and self.pp > 1:
                 layers, stages = layers - fixed, stages - 1
@@ -113,6 +120,7 @@ class ParallelLayout:
         chunks = stages * (self.vpp or 1)
         if layers % chunks:
             what = "the layers left after the uneven first/last stages" if (first or last) else "layers"
+            what += " (with the embedding/loss counted as layers)" if extra else ""
             return [
                 f"{what} ({layers}) are not divisible by PP{'*VPP' if self.vpp else ''}={chunks}; "
                 "set +...override_transformer_config.num_layers_in_first_pipeline_stage / "
