@@ -160,3 +160,14 @@ def test_sampling_settings_checks():
     assert SamplingSettings(temperature=0).is_greedy and not SamplingSettings().is_greedy
     with pytest.raises(ValueError, match="n must be >= 1.*top_k must be -1"):
         SamplingSettings(n=0, top_k=0)
+
+
+def test_config_overrides_reach_the_loaded_model(tmp_path):
+    """actor_rollout_ref.model.override_config.model_config, as build_engine passes it to the HF engine."""
+    from grpo_core.rollout.hf import load_model
+
+    tiny_llama().save_pretrained(tmp_path)  # max_position_embeddings 512
+    assert load_model(str(tmp_path)).config.max_position_embeddings == 512
+    model = load_model(str(tmp_path), config_overrides={"max_position_embeddings": 10240, "attention_dropout": 0.5})
+    assert model.config.max_position_embeddings == 10240
+    assert model.model.layers[0].self_attn.attention_dropout == 0.5  # read when the model is built
