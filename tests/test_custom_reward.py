@@ -113,3 +113,15 @@ def test_a_good_file_passes_the_dry_run(tmp_path, capsys):
     path = write(tmp_path, REWARD_FILE)
     assert main(["train", "--config", BASE, f"custom_reward_function.path={path}", "--dry-run"]) == 0
     assert "dry run OK" in capsys.readouterr().out
+
+
+def test_the_pipeline_key_follows_the_reward_file(tmp_path):
+    """An edited reward file must not reuse the cached training of the old one."""
+    from grpo_core.tracking.pipeline_run import pipeline_key
+
+    path = write(tmp_path, REWARD_FILE)
+    cfg = load_config(None, [f"custom_reward_function.path={path}"])
+    before = pipeline_key(cfg)
+    assert pipeline_key(cfg) == before
+    write(tmp_path, REWARD_FILE.replace("0.5 if", "0.25 if"))
+    assert pipeline_key(cfg) != before
