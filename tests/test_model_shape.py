@@ -283,3 +283,15 @@ def test_unknown_override_fields():
     over = {"max_position_embeddings": 1, "attention_dropout": 0.1, "max_position_embedings": 2}
     # in config.json / a LlamaConfig attribute / a typo
     assert shape_module.unknown_override_fields(config, over) == ["max_position_embedings"]
+
+
+def test_rope_theta_override_reaches_rope_parameters():
+    # transformers 5 configs keep the base in rope_parameters; shape and engines must agree on the override.
+    config = {
+        **KNOWN_CONFIGS["deepseek-ai/deepseek-llm-7b-chat"],
+        "rope_parameters": {"rope_theta": 1e4, "rope_type": "default"},
+    }
+    merged = shape_module.with_overrides(config, {"rope_theta": 5e5})
+    assert merged["rope_parameters"] == {"rope_theta": 5e5, "rope_type": "default"} and merged["rope_theta"] == 5e5
+    assert ModelShape.from_hf_config(merged).rope_theta == 5e5
+    assert config["rope_parameters"]["rope_theta"] == 1e4  # not modified in place

@@ -168,6 +168,9 @@ def test_config_overrides_reach_the_loaded_model(tmp_path):
 
     tiny_llama().save_pretrained(tmp_path)  # max_position_embeddings 512
     assert load_model(str(tmp_path)).config.max_position_embeddings == 512
-    model = load_model(str(tmp_path), config_overrides={"max_position_embeddings": 10240, "attention_dropout": 0.5})
+    overrides = {"max_position_embeddings": 10240, "attention_dropout": 0.5, "rope_theta": 5e5}
+    model = load_model(str(tmp_path), config_overrides=overrides)
     assert model.config.max_position_embeddings == 10240
     assert model.model.layers[0].self_attn.attention_dropout == 0.5  # read when the model is built
+    # transformers 5 keeps the RoPE base in rope_parameters: the override reaches the rotary frequencies.
+    assert model.model.rotary_emb.inv_freq[1].item() == pytest.approx(5e5 ** (-2 / 16), rel=1e-6)  # head_dim 16

@@ -201,10 +201,20 @@ def hf_overrides(override_config: dict | None) -> dict:
     return dict(fields) if isinstance(fields, dict) else {}  # anything else is the config check's error
 
 
+def overridden_fields(config: dict, overrides: dict) -> dict:
+    """The top-level fields to set on ``config`` (a dict value, say ``rope_scaling``, replaces the whole field,
+    as setting the attribute on a transformers config does). transformers 5 reads the RoPE base from
+    ``rope_parameters``: an overridden ``rope_theta`` is written there too, so every reader sees it."""
+    fields = dict(overrides)
+    rope = config.get("rope_parameters")
+    if "rope_theta" in overrides and isinstance(rope, dict) and "rope_parameters" not in overrides:
+        fields["rope_parameters"] = {**rope, "rope_theta": overrides["rope_theta"]}
+    return fields
+
+
 def with_overrides(config: dict, overrides: dict) -> dict:
-    """``config`` with each overridden top-level field replaced (a dict value, say ``rope_scaling``, replaces
-    the whole field, as setting the attribute on a transformers config does)."""
-    return {**config, **overrides}
+    """``config`` (a config.json as a dict) with ``overrides`` applied."""
+    return {**config, **overridden_fields(config, overrides)}
 
 
 def unknown_override_fields(config: dict, overrides: dict) -> list[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
+from grpo_core.models.shape import overridden_fields
 from grpo_core.rollout.base import DTYPES, Generation, SamplingSettings, generate_in_chunks
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def load_model(
         extra = {}
         if config_overrides:
             config = AutoConfig.from_pretrained(path_or_id, trust_remote_code=trust_remote_code)
-            config.update(config_overrides)
+            config.update(overridden_fields(config.to_dict(), config_overrides))
             extra["config"] = config
         model = AutoModelForCausalLM.from_pretrained(
             path_or_id, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, **extra

@@ -49,6 +49,7 @@ from pathlib import Path
 
 import torch
 
+from grpo_core.models.shape import overridden_fields
 from grpo_core.rollout.base import Generation, SamplingSettings
 from grpo_core.rollout.hf import DTYPES, ModelLoadError, _check_local, load_tokenizer
 
@@ -148,7 +149,8 @@ class VLLMEngine:
         self._warned_seed = False
 
         hf_config = _hf_config(self.model_path, trust_remote_code)
-        hf_config.update(config_overrides or {})  # what vLLM builds, with hf_overrides below
+        overrides = overridden_fields(hf_config.to_dict(), config_overrides or {})
+        hf_config.update(overrides)  # what vLLM builds, given the same hf_overrides below
         self.tied = bool(getattr(hf_config.get_text_config(), "tie_word_embeddings", False))
         self.eos_ids = _eos_ids(self.model_path, hf_config, trust_remote_code)
         self._expected = _checkpoint_shapes(Path(self.model_path))
@@ -171,7 +173,7 @@ class VLLMEngine:
                 max_num_batched_tokens=max_num_batched_tokens,
                 enforce_eager=enforce_eager,
                 trust_remote_code=trust_remote_code,
-                hf_overrides=dict(config_overrides or {}),
+                hf_overrides=overrides,
                 enable_sleep_mode=self.sleep_supported,
                 generation_config="vllm",  # the checkpoint's sampling defaults must not leak in (as HFEngine)
                 logprobs_mode="raw_logprobs",
