@@ -125,3 +125,19 @@ def test_the_pipeline_key_follows_the_reward_file(tmp_path):
     assert pipeline_key(cfg) == before
     write(tmp_path, REWARD_FILE.replace("0.5 if", "0.25 if"))
     assert pipeline_key(cfg) != before
+
+
+def test_a_reward_file_may_define_dataclasses(tmp_path):
+    """Its module is registered as an import would be (dataclasses look their module up in sys.modules)."""
+    text = """
+    from __future__ import annotations
+    from dataclasses import dataclass
+
+    @dataclass
+    class Weights:
+        hit: float = 2.0
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        return Weights().hit * (ground_truth in solution_str)
+    """
+    assert scorer_for(write(tmp_path, text))("d", "a cat", "cat", None) == 2.0

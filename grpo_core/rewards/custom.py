@@ -7,9 +7,11 @@ here). Every way the file can be unusable is a ``RewardFileError`` with one line
 checks before any rank starts.
 """
 
+import importlib.machinery
 import importlib.util
 import inspect
 import numbers
+import sys
 from collections.abc import Callable
 from hashlib import sha1
 from pathlib import Path
@@ -40,24 +42,30 @@ def load_custom_reward(path: str, name: str = "compute_score") -> Callable[..., 
         raise RewardFileError(f"{where}: {name!r} is a {type(fn).__name__}, not a function")
     try:
         signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a callable without an introspectable signature: trusted as it is
+        return fn
+    try:
         signature.bind(**_PROBE)
-    except (TypeError, ValueError) as e:
-        shown = f"{name}{signature}" if "signature" in locals() else name
-        raise RewardFileError(f"{where}: {shown} cannot be called as {name}{CALL} ({e})") from None
+    except TypeError as e:
+        raise RewardFileError(f"{where}: {name}{signature} cannot be called as {name}{CALL} ({e})") from None
     return fn
 
 
 def _import_file(file: Path, where: str):
-    """The module of ``file``, under a name of its own (two runs' files never share a module)."""
+    """The module of ``file``, under a name of its own (two files never share a module), registered in
+    ``sys.modules`` as an import would be (dataclasses and pickling look the module up there)."""
     module_name = f"grpo_custom_reward_{sha1(str(file.resolve()).encode()).hexdigest()[:12]}"
     loader = importlib.machinery.SourceFileLoader(module_name, str(file))
-    spec = importlib.util.spec_from_loader(module_name, loader)
-    module = importlib.util.module_from_spec(spec)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(module_name, loader))
+    sys.modules[module_name] = module
     try:
         loader.exec_module(module)
-    except SyntaxError as e:
-        raise RewardFileError(f"{where}:{e.lineno}: syntax error: {e.msg}") from None
-    except Exception as e:  # noqa: BLE001  (whatever the user's module raises at import)
+    except BaseException as e:
+        del sys.modules[module_name]
+        if isinstance(e, SyntaxError):
+            raise RewardFileError(f"{where}:{e.lineno}: syntax error: {e.msg}") from None
+        if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: not the file's error to report
+            raise
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise RewardFileError(f"{where}: importing it raised {type(e).__name__}: {first}") from None
     return module
