@@ -126,7 +126,7 @@ def test_wandb_run_offline_has_the_metrics_file_names_steps_and_masked_config(tm
     logged = [
         {k: v for k, v in row.items() if not k.startswith("_")} | {"step": row["_step"]} for row in run["history"]
     ]
-    assert logged == written == [{"step": s, **m} for s, m in steps.items()]
+    assert logged == written == [{"step": s, **m} for s, m in steps.items()], (run["history"], written)
 
 
 def test_secrets_inside_dict_settings_are_masked():

@@ -34,10 +34,12 @@ def records(path: Path) -> Iterator:
 
 
 def read_run(path: Path) -> dict:
-    """{"project", "name", "config": {key: value}, "history": [{"_step": n, metric: value, ...}]}."""
+    """{"project", "name", "config": {key: value}, "history": [{"_step": n, metric: value, ...}]}, one history
+    row per step, in step order."""
     import json
 
     run: dict = {"config": {}, "history": []}
+    by_step: dict[int, dict] = {}
     for record in records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
@@ -47,5 +49,6 @@ def read_run(path: Path) -> dict:
             run["config"] |= {u.key: json.loads(u.value_json) for u in record.config.update}
         elif kind == "history":
             row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
-            run["history"].append(row)
+            by_step.setdefault(row.get("_step", record.history.step.num), {}).update(row)  # a step may come in parts
+    run["history"] = [by_step[step] for step in sorted(by_step)]
     return run
