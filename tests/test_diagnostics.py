@@ -234,3 +234,35 @@ def test_cli_reports_a_missing_package_in_one_line_and_exits_1(monkeypatch, caps
     assert cli.main(["keys"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: vLLM is not installed;"), err
+
+
+def test_a_missing_wandb_is_one_error_line_before_launch(monkeypatch, capsys, tmp_path):
+    from grpo_core import cli
+
+    data = tmp_path / "train.parquet"
+    data.write_bytes(b"")  # only its existence is checked before the package check
+    monkeypatch.setattr(advice, "installed", lambda module: module != "wandb")
+    cfg = load_config(None, ["trainer.logger=[console,wandb]"])
+    assert advice.missing_dependencies(cfg) == [
+        "Weights & Biases is not installed; trainer.logger=[...,wandb] needs it: "
+        "pip install wandb, e.g. pip install -e '.[wandb]'"
+    ]
+    args = [
+        "train",
+        "trainer.logger=[console,wandb]",
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        "actor_rollout_ref.rollout.name=hf",
+        "trainer.device=cpu",
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
+        "actor_rollout_ref.model.path=HuggingFaceTB/SmolLM2-135M",
+    ]
+    assert cli.main(args) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: Weights & Biases is not installed; trainer.logger=[...,wandb] needs it: "
+        "pip install wandb, e.g. pip install -e '.[wandb]'"
+    ]

@@ -127,7 +127,7 @@ INVALID = [
     (["trainer.nnodes=0"], "trainer.nnodes=0 must be >= 1"),
     (["trainer.nnodes=two"], "trainer.nnodes='two' is not a valid int"),
     (["trainer.n_gpu_per_node=8"], "did you mean 'trainer.n_gpus_per_node'"),
-    (["trainer.logger=[console,wandb]"], "trainer.logger entry 'wandb' is not valid"),
+    (["trainer.logger=[console,neptune]"], "trainer.logger entry 'neptune' is not valid"),
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=3"], "rollout tensor parallel size 3"),
     (["data.max_response_length=40000"], "exceeds the model's max_position_embeddings"),
     ([f"+{MEGA}override_transformer_config.recompute_granularty=full"], "did you mean 'recompute_granularity'"),
@@ -249,3 +249,39 @@ def test_tp_above_the_kv_heads(capsys):
     assert "TP=14 neither divides the 4 KV heads nor is a multiple of them: TP must be a divisor of 4" in (
         capsys.readouterr().err
     )
+
+
+# ---- actor_rollout_ref.model.override_config (verl: override_config.model_config.<HF field>) -----------------
+
+OVERRIDE = "actor_rollout_ref.model.override_config"
+DEEPSEEK = [
+    "actor_rollout_ref.model.path=deepseek-ai/deepseek-llm-7b-chat",
+    "data.max_response_length=4000",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+]
+
+
+def test_override_config_raises_max_position_embeddings(capsys):
+    # 512 + 4000 tokens exceed deepseek-llm-7b's 4096 positions ...
+    assert main(["train", "--config", BASE, *DEEPSEEK, "--dry-run"]) == 2
+    assert "exceeds the model's max_position_embeddings 4096" in capsys.readouterr().err
+    # ... and fit in 10240, as in verl's Qwen3-30B script.
+    over = f"+{OVERRIDE}.model_config.max_position_embeddings=10240"
+    assert main(["train", "--config", BASE, *DEEPSEEK, over, "--dry-run"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "dry run OK" in out and "exceeds" not in out
+
+
+def test_override_config_sections_other_than_model_config_are_refused(capsys):
+    args = [f"+{OVERRIDE}.moe_config.freeze_moe_router=true", f"+{OVERRIDE}.max_position_embeddings=10240"]
+    assert main(["train", "--config", BASE, *args, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {OVERRIDE}: max_position_embeddings, moe_config not supported; only {OVERRIDE}.model_config" in err
+    assert "Traceback" not in err
+
+
+def test_override_config_unknown_field_warns(capsys):
+    typo = f"+{OVERRIDE}.model_config.max_position_embedings=10240"
+    assert main(["train", "--config", BASE, typo, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"warning: {OVERRIDE}.model_config.max_position_embedings: the model's config.json has no such" in out

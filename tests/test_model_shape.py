@@ -230,3 +230,68 @@ def test_unknown_hub_id_goes_to_the_hub(monkeypatch):
     monkeypatch.setattr(shape_module, "_read_hub", fake_hub)
     assert load_model_shape("some-org/some-model").num_params == 1352
     assert asked == ["some-org/some-model"]
+
+
+# ---------------------------------------------------------------- added table entries
+
+
+def test_deepseek_llm_7b_chat_count_by_hand():
+    # Llama layout, untied, MHA (32 KV heads): per layer attention 4096*(4096+2*4096) + 4096*4096 + 2 norms
+    # = 67,117,056; MLP 3*4096*11008 = 135,266,304; x 30 layers = 6,071,500,800; embeddings + head
+    # 2*102400*4096 = 838,860,800; final norm 4096.
+    shape = load_model_shape("deepseek-ai/deepseek-llm-7b-chat")
+    assert shape.model_type == "llama" and not shape.tie_embeddings
+    assert shape.num_params == 6_071_500_800 + 838_860_800 + 4096 == 6_910_365_696
+    assert shape.max_position_embeddings == 4096
+    assert load_model_shape("deepseek-ai/deepseek-llm-7b-base") == shape
+
+
+@pytest.mark.parametrize(
+    ("name", "max_positions", "rope_theta"),
+    [
+        ("Qwen/Qwen3-30B-A3B-Base", 32768, 1e6),
+        ("Qwen/Qwen3-30B-A3B-Instruct-2507", 262144, 1e7),
+        ("Qwen/Qwen3-30B-A3B", 40960, 1e6),
+    ],
+)
+def test_qwen3_30b_a3b_counts_by_hand(name, max_positions, rope_theta):
+    # Per layer: attention 2048*(4096+2*512) + 4096*2048 + QK norms 2*128 + 2 norms 2*2048 = 18,878,720;
+    # router 128*2048 = 262,144; experts 128*3*2048*768 = 603,979,776. x 48 = 29,909,790,720; untied
+    # embeddings 2*151936*2048 = 622,329,856; final norm 2048. Published: 30.5B total, 3.3B active.
+    shape = load_model_shape(name)
+    assert shape.model_type == "qwen3_moe" and shape.qk_norm and shape.is_moe
+    assert shape.num_params == 29_909_790_720 + 622_329_856 + 2048 == 30_532_122_624
+    # Active: 48*(18,878,720 + 262,144) + 622,331,904 dense, plus 48*8 experts of 3*2048*768 = 4,718,592.
+    assert shape.active_params == 918_761_472 + 622_331_904 + 48 * 8 * 4_718_592 == 3_353_032_704
+    assert (shape.max_position_embeddings, shape.rope_theta) == (max_positions, rope_theta)
+
+
+# ---------------------------------------------------------------- override_config
+
+
+def test_override_config_changes_the_shape_read():
+    over = {"model_config": {"max_position_embeddings": 10240}}
+    assert load_model_shape("deepseek-ai/deepseek-llm-7b-chat", over).max_position_embeddings == 10240
+    assert load_model_shape("deepseek-ai/deepseek-llm-7b-chat", {}).max_position_embeddings == 4096
+    # Only model_config holds Hugging Face fields; the table itself is not modified.
+    assert shape_module.hf_overrides({"moe_config": {"freeze_moe_router": True}}) == {}
+    assert KNOWN_CONFIGS["deepseek-ai/deepseek-llm-7b-chat"]["max_position_embeddings"] == 4096
+
+
+def test_unknown_override_fields():
+    config = KNOWN_CONFIGS["deepseek-ai/deepseek-llm-7b-chat"]
+    over = {"max_position_embeddings": 1, "attention_dropout": 0.1, "max_position_embedings": 2}
+    # in config.json / a LlamaConfig attribute / a typo
+    assert shape_module.unknown_override_fields(config, over) == ["max_position_embedings"]
+
+
+def test_rope_theta_override_reaches_rope_parameters():
+    # transformers 5 configs keep the base in rope_parameters; shape and engines must agree on the override.
+    config = {
+        **KNOWN_CONFIGS["deepseek-ai/deepseek-llm-7b-chat"],
+        "rope_parameters": {"rope_theta": 1e4, "rope_type": "default"},
+    }
+    merged = shape_module.with_overrides(config, {"rope_theta": 5e5})
+    assert merged["rope_parameters"] == {"rope_theta": 5e5, "rope_type": "default"} and merged["rope_theta"] == 5e5
+    assert ModelShape.from_hf_config(merged).rope_theta == 5e5
+    assert config["rope_parameters"]["rope_theta"] == 1e4  # not modified in place

@@ -160,3 +160,17 @@ def test_sampling_settings_checks():
     assert SamplingSettings(temperature=0).is_greedy and not SamplingSettings().is_greedy
     with pytest.raises(ValueError, match="n must be >= 1.*top_k must be -1"):
         SamplingSettings(n=0, top_k=0)
+
+
+def test_config_overrides_reach_the_loaded_model(tmp_path):
+    """actor_rollout_ref.model.override_config.model_config, as build_engine passes it to the HF engine."""
+    from grpo_core.rollout.hf import load_model
+
+    tiny_llama().save_pretrained(tmp_path)  # max_position_embeddings 512
+    assert load_model(str(tmp_path)).config.max_position_embeddings == 512
+    overrides = {"max_position_embeddings": 10240, "attention_dropout": 0.5, "rope_theta": 5e5}
+    model = load_model(str(tmp_path), config_overrides=overrides)
+    assert model.config.max_position_embeddings == 10240
+    assert model.model.layers[0].self_attn.attention_dropout == 0.5  # read when the model is built
+    # transformers 5 keeps the RoPE base in rope_parameters: the override reaches the rotary frequencies.
+    assert model.model.rotary_emb.inv_freq[1].item() == pytest.approx(5e5 ** (-2 / 16), rel=1e-6)  # head_dim 16

@@ -104,6 +104,7 @@ def _check_layout(tp: int, hf, prompts: list[list[int]], hf_dir: Path) -> dict:
     from grpo_core.data.prompts import Prompt
     from grpo_core.models.shape import load_model_shape
     from grpo_core.planning.layout import ParallelLayout
+    from grpo_core.rewards import build_scorer
     from grpo_core.rollout import SamplingSettings, to_rollout_batch
     from grpo_core.rollout.megatron import MegatronEngine
     from grpo_core.trainer import loop
@@ -124,7 +125,7 @@ def _check_layout(tp: int, hf, prompts: list[list[int]], hf_dir: Path) -> dict:
     record: dict = {"greedy": _as_dict(engine.generate(prompts, greedy))}
     cfg = load_config(None, [f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"])
     rows = [Prompt(ids, "synthetic/capitals", "", i) for i, ids in enumerate(prompts)]
-    record["trainer_greedy"] = _as_dict(loop.generate(engine, rows, greedy, hf.tokenizer, cfg).gen)
+    record["trainer_greedy"] = _as_dict(loop.generate(engine, rows, greedy, hf.tokenizer, cfg, build_scorer(cfg)).gen)
     gen = engine.generate(prompts, sampled)
     record["sampled"] = gen.response_ids
     record["sampled_repeat_equal"] = engine.generate(prompts, sampled).response_ids == gen.response_ids

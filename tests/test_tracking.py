@@ -83,3 +83,58 @@ def test_plots_are_written_for_the_metrics_a_run_has(tmp_path):
     assert [p.name for p in written] == ["reward.png", "throughput.png", "accuracy.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
     assert [p.name for p in plot_run([{"step": 1, "reward/mean": 0.0}], tmp_path / "only")] == ["reward.png"]
+
+
+def test_wandb_run_offline_has_the_metrics_file_names_steps_and_masked_config(tmp_path, monkeypatch):
+    """trainer.logger=[console,wandb]: project/run names from the trainer section, the flattened config with
+    secrets masked, and every metrics.jsonl row under the same names and step."""
+    pytest.importorskip("wandb")
+    from grpo_core.config import load_config, to_flat_dict
+    from grpo_core.tracking import METRICS_FILE, Tracker
+    from tests.support.wandb_log import read_run
+
+    monkeypatch.setenv("WANDB_MODE", "offline")  # no network here
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_home"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = load_config(
+        None,
+        [
+            "trainer.logger=[console,wandb]",
+            "trainer.project_name=grpo_wandb_test",
+            "trainer.experiment_name=two_steps",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+            "+trainer.env.WANDB_API_KEY=not-for-logs",
+        ],
+    )
+    tracker = Tracker(cfg)
+    tracker.log_params(to_flat_dict(cfg))
+    steps = {1: {"reward/mean": 0.25, "actor/kl_loss": 0.001, "timing/step": 3.5}, 2: {"reward/mean": 0.75}}
+    for step, metrics in steps.items():
+        tracker.log(metrics, step=step)
+    tracker.close()
+
+    files = list((tmp_path / "wandb_home").glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 1, files
+    run = read_run(files[0])
+    assert (run["project"], run["name"]) == ("grpo_wandb_test", "two_steps")
+    assert run["config"]["trainer.env"]["WANDB_API_KEY"] == "***"  # a dict setting stays whole, masked inside
+    assert run["config"]["trainer.env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert run["config"]["actor_rollout_ref.rollout.n"] == cfg.actor_rollout_ref.rollout.n
+    assert run["config"]["trainer.logger"] == ["console", "wandb"]
+
+    written = [json.loads(line) for line in (tmp_path / "run" / METRICS_FILE).read_text().splitlines()]
+    logged = [
+        {k: v for k, v in row.items() if not k.startswith("_")} | {"step": row["_step"]} for row in run["history"]
+    ]
+    assert logged == written == [{"step": s, **m} for s, m in steps.items()], (run["history"], written)
+
+
+def test_secrets_inside_dict_settings_are_masked():
+    from grpo_core.tracking.mlflow_run import mask_secrets
+
+    flat = {"trainer.env": {"WANDB_API_KEY": "k", "NCCL_DEBUG": "WARN"}, "x.hf_token": "t", "x.tokens": 3}
+    assert mask_secrets(flat) == {
+        "trainer.env": {"WANDB_API_KEY": "***", "NCCL_DEBUG": "WARN"},
+        "x.hf_token": "***",
+        "x.tokens": 3,
+    }

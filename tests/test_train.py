@@ -234,3 +234,48 @@ def test_unreadable_checkpoint_is_one_line_and_exit_2(tmp_path, capitals):
     assert "unreadable trainer state" in result.stderr
     assert "Traceback" not in result.stderr
     assert (broken / "trainer_state.json").read_text() == "{not json"  # left as it was
+
+
+def test_verl_integrations_in_one_run(tmp_path, capitals, monkeypatch):
+    """custom_reward_function (verl's signature, extra_info from the row), trainer.logger=wandb (offline) and
+    override_config.model_config in a 2-step run: the rewards are the file's, wandb holds metrics.jsonl's rows,
+    the saved trainer state carries the overridden config."""
+    pytest.importorskip("wandb")
+    from grpo_core.trainer.checkpoint import CheckpointManager, read_trainer_state
+    from tests.support.wandb_log import read_run
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if data_source != 'synthetic/capitals':\n"
+        "        return -1.0\n"
+        "    return {'score': 0.5 if extra_info['split'] == 'train' else 0.75, 'chars': len(solution_str)}\n"
+    )
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_home"))
+    model = tiny_model_dir(tmp_path / "model")  # max_position_embeddings 512
+    run = tmp_path / "run"
+    result = grpo_train(
+        run,
+        *base_overrides(model, capitals, 2),
+        f"custom_reward_function.path={reward}",
+        "trainer.logger=[console,wandb]",
+        "trainer.experiment_name=integrations",
+        "+actor_rollout_ref.model.override_config.model_config.max_position_embeddings=1024",
+        "trainer.val_before_train=true",
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = metrics(run)
+    assert [m["step"] for m in rows] == [0, 1, 2]
+    assert rows[0]["val/reward_mean"] == 0.75  # the test split's score
+    assert [m["reward/mean"] for m in rows[1:]] == [0.5, 0.5]  # the train split's score
+
+    [wandb_file] = (tmp_path / "wandb_home").glob("wandb/offline-run-*/run-*.wandb")
+    logged = read_run(wandb_file)
+    assert logged["name"] == "integrations"
+    history = [{k: v for k, v in row.items() if not k.startswith("_")} for row in logged["history"]]
+    assert [row["_step"] for row in logged["history"]] == [m["step"] for m in rows]
+    assert history == [{k: v for k, v in m.items() if k != "step"} for m in rows]
+
+    state = read_trainer_state(CheckpointManager(run / "checkpoints", -1).latest())
+    assert state["hf_config"]["max_position_embeddings"] == 1024

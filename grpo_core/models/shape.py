@@ -176,19 +176,69 @@ def _read_hub(repo_id: str) -> dict:
         ) from None
 
 
-def load_model_shape(name_or_path: str) -> ModelShape:
-    """Local directory (or config.json file), then the built-in table, then the hub."""
+def read_hf_config(name_or_path: str) -> dict:
+    """The model's ``config.json``: local directory (or the file itself), then the built-in table, then the hub."""
     path = Path(name_or_path).expanduser()
     if path.exists():
-        return ModelShape.from_hf_config(_read_local(path))
+        return _read_local(path)
     known = find_known_config(name_or_path)
     if known is not None:
-        return ModelShape.from_hf_config(known)
+        return dict(known)
     if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
         raise ModelShapeError(f"{name_or_path}: no such model directory, and not a hub id (org/name)")
     if name_or_path.startswith(NOT_OFFERED_IDS):
         raise ModelShapeError(f"{name_or_path}: not offered here: {MLA}")
-    return ModelShape.from_hf_config(_read_hub(name_or_path))
+    return _read_hub(name_or_path)
+
+
+def load_model_shape(name_or_path: str, override_config: dict | None = None) -> ModelShape:
+    """The shape of ``config.json`` with ``override_config`` (``actor_rollout_ref.model.override_config``) applied."""
+    return ModelShape.from_hf_config(with_overrides(read_hf_config(name_or_path), hf_overrides(override_config)))
+
+
+# ---- actor_rollout_ref.model.override_config ---------------------------------------------------------------
+
+HF_OVERRIDE_SECTION = "model_config"
+"""verl's Megatron workers read Hugging Face config fields from ``override_config.model_config``; its other
+sections (``moe_config``, ...) steer verl's own code and are refused by the config check."""
+
+
+def hf_overrides(override_config: dict | None) -> dict:
+    """The Hugging Face config fields to override: ``override_config.model_config``. Every reader of the model's
+    config (shape, actor, rollout engines, the saved trainer state) goes through this and ``with_overrides``."""
+    fields = (override_config or {}).get(HF_OVERRIDE_SECTION)
+    return dict(fields) if isinstance(fields, dict) else {}  # anything else is the config check's error
+
+
+def overridden_fields(config: dict, overrides: dict) -> dict:
+    """The top-level fields to set on ``config`` (a dict value, say ``rope_scaling``, replaces the whole field,
+    as setting the attribute on a transformers config does). transformers 5 reads the RoPE base from
+    ``rope_parameters``: an overridden ``rope_theta`` is written there too, so every reader sees it."""
+    fields = dict(overrides)
+    rope = config.get("rope_parameters")
+    if "rope_theta" in overrides and isinstance(rope, dict) and "rope_parameters" not in overrides:
+        fields["rope_parameters"] = {**rope, "rope_theta": overrides["rope_theta"]}
+    return fields
+
+
+def with_overrides(config: dict, overrides: dict) -> dict:
+    """``config`` (a config.json as a dict) with ``overrides`` applied."""
+    return {**config, **overridden_fields(config, overrides)}
+
+
+def unknown_override_fields(config: dict, overrides: dict) -> list[str]:
+    """Overridden fields that are neither in ``config`` nor attributes transformers' config class for its
+    model type knows: likely typos, which transformers would store and nothing would read."""
+    new = [key for key in overrides if key not in config]
+    if not new:
+        return []
+    from transformers import AutoConfig, PretrainedConfig
+
+    try:
+        known = set(AutoConfig.for_model(config.get("model_type", "")).to_dict())
+    except ValueError:  # a model type transformers does not know
+        known = set(PretrainedConfig().to_dict())
+    return [key for key in new if key not in known]
 
 
 WEIGHT_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja")

@@ -4,6 +4,7 @@ import os
 
 import torch
 
+from grpo_core.models.shape import hf_overrides
 from grpo_core.rollout.base import Generation, RolloutEngine, SamplingSettings, to_rollout_batch
 
 
@@ -12,12 +13,19 @@ def build_engine(cfg, shape, model_dir: str, tokenizer, actor=None) -> RolloutEn
     ``actor``'s own model, every rank of it)."""
     r = cfg.actor_rollout_ref.rollout
     trust = cfg.actor_rollout_ref.model.trust_remote_code
+    config_overrides = hf_overrides(cfg.actor_rollout_ref.model.override_config)
     if r.name == "hf":
         from grpo_core.rollout.hf import HFEngine
 
         where = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
         return HFEngine(
-            model_dir, tokenizer, dtype=r.dtype, device=where, max_batch_size=r.max_num_seqs, trust_remote_code=trust
+            model_dir,
+            tokenizer,
+            dtype=r.dtype,
+            device=where,
+            max_batch_size=r.max_num_seqs,
+            trust_remote_code=trust,
+            config_overrides=config_overrides,
         )
     if r.name == "vllm":
         from grpo_core.rollout.hf import DTYPES
@@ -42,6 +50,7 @@ def build_engine(cfg, shape, model_dir: str, tokenizer, actor=None) -> RolloutEn
             max_num_batched_tokens=max(r.max_num_batched_tokens, max_model_len),
             enforce_eager=r.enforce_eager,
             trust_remote_code=trust,
+            config_overrides=config_overrides,
             **placement,
         )
     if r.name == "megatron":

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
+from grpo_core.models.shape import overridden_fields
 from grpo_core.rollout.base import DTYPES, Generation, SamplingSettings, generate_in_chunks
 
 logger = logging.getLogger(__name__)
@@ -47,13 +48,22 @@ def load_tokenizer(path_or_id: str, trust_remote_code: bool = False):
     return tokenizer
 
 
-def load_model(path_or_id: str, dtype: str = "float32", trust_remote_code: bool = False) -> PreTrainedModel:
+def load_model(
+    path_or_id: str, dtype: str = "float32", trust_remote_code: bool = False, config_overrides: dict | None = None
+) -> PreTrainedModel:
+    """``config_overrides``: Hugging Face config fields set before the model is built
+    (``actor_rollout_ref.model.override_config.model_config``)."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {list(DTYPES)}")
     _check_local(path_or_id)
     try:
+        extra = {}
+        if config_overrides:
+            config = AutoConfig.from_pretrained(path_or_id, trust_remote_code=trust_remote_code)
+            config.update(overridden_fields(config.to_dict(), config_overrides))
+            extra["config"] = config
         model = AutoModelForCausalLM.from_pretrained(
-            path_or_id, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
+            path_or_id, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, **extra
         )
     except Exception as exc:
         raise ModelLoadError(f"could not load a causal LM from {path_or_id!r}: {_short(exc)}") from exc
@@ -98,9 +108,10 @@ class HFEngine:
         device: str = "cpu",
         max_batch_size: int = 32,
         trust_remote_code: bool = False,
+        config_overrides: dict | None = None,
     ) -> None:
         if isinstance(model_path_or_module, str | Path):
-            model = load_model(str(model_path_or_module), dtype, trust_remote_code)
+            model = load_model(str(model_path_or_module), dtype, trust_remote_code, config_overrides)
         else:
             model = model_path_or_module
         self.device = torch.device(device)

@@ -49,6 +49,7 @@ from pathlib import Path
 
 import torch
 
+from grpo_core.models.shape import overridden_fields
 from grpo_core.rollout.base import Generation, SamplingSettings
 from grpo_core.rollout.hf import DTYPES, ModelLoadError, _check_local, load_tokenizer
 
@@ -110,7 +111,8 @@ class VLLMEngine:
     engine may use (weights, compile warm-up and KV cache); ``kv_cache_memory_bytes`` sizes the KV
     cache directly instead, on any platform. ``device_ids`` (GPUs): the physical GPUs the engine's
     processes see (CUDA_VISIBLE_DEVICES for them alone); by default they see what the trainer sees,
-    so with an engine per torchrun rank pass each rank its own GPU(s). ``start_seconds``: how long
+    so with an engine per torchrun rank pass each rank its own GPU(s). ``config_overrides``: Hugging Face
+    config fields vLLM builds the model with (its ``hf_overrides``). ``start_seconds``: how long
     the engine took to start. Use an engine from one thread only.
     """
 
@@ -130,6 +132,7 @@ class VLLMEngine:
         kv_cache_memory_bytes: int | None = None,
         bucket_bytes: int = 256 << 20,
         device_ids: list[int] | None = None,
+        config_overrides: dict | None = None,
     ) -> None:
         vllm = _import_vllm()
         from vllm.platforms import current_platform
@@ -146,6 +149,8 @@ class VLLMEngine:
         self._warned_seed = False
 
         hf_config = _hf_config(self.model_path, trust_remote_code)
+        overrides = overridden_fields(hf_config.to_dict(), config_overrides or {})
+        hf_config.update(overrides)  # what vLLM builds, given the same hf_overrides below
         self.tied = bool(getattr(hf_config.get_text_config(), "tie_word_embeddings", False))
         self.eos_ids = _eos_ids(self.model_path, hf_config, trust_remote_code)
         self._expected = _checkpoint_shapes(Path(self.model_path))
@@ -168,6 +173,7 @@ class VLLMEngine:
                 max_num_batched_tokens=max_num_batched_tokens,
                 enforce_eager=enforce_eager,
                 trust_remote_code=trust_remote_code,
+                hf_overrides=overrides,
                 enable_sleep_mode=self.sleep_supported,
                 generation_config="vllm",  # the checkpoint's sampling defaults must not leak in (as HFEngine)
                 logprobs_mode="raw_logprobs",

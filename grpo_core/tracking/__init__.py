@@ -1,6 +1,7 @@
 """Where a run's numbers go: the terminal (progress bar + one line per step), a local JSON-lines file that
-is always written, MLflow when ``trainer.logger`` names it or a pipeline passes its run, and TensorBoard
-event files (same metric names) under ``<default_local_dir>/tensorboard/`` when it names tensorboard.
+is always written, MLflow when ``trainer.logger`` names it or a pipeline passes its run, TensorBoard
+event files (same metric names) under ``<default_local_dir>/tensorboard/`` when it names tensorboard, and a
+Weights & Biases run (same names and steps, see wandb_run.py) when it names wandb.
 Only rank 0 has an enabled tracker."""
 
 import json
@@ -36,6 +37,7 @@ class Tracker:
         self.run_dir = Path(cfg.trainer.default_local_dir)
         self._mlflow = None
         self._tensorboard = None
+        self._wandb = None
         self._last: dict[str, float] = {}
         if not enabled:
             return
@@ -51,10 +53,16 @@ class Tracker:
             from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
             self._tensorboard = SummaryWriter(str(self.run_dir / "tensorboard"))
+        if "wandb" in self.sinks:
+            from grpo_core.tracking.wandb_run import WandbRun
+
+            self._wandb = WandbRun(cfg.trainer.project_name, cfg.trainer.experiment_name, self.run_dir)
 
     def log_params(self, params: dict) -> None:
         if self._mlflow is not None:
             self._mlflow.log_params(params)
+        if self._wandb is not None:
+            self._wandb.log_params(params)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if not self.enabled:
@@ -71,6 +79,8 @@ class Tracker:
             for name, value in metrics.items():
                 self._tensorboard.add_scalar(name, value, global_step=step)
             self._tensorboard.flush()
+        if self._wandb is not None:
+            self._wandb.log_metrics(metrics, step=step)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """A file of the run (a profiler trace, say) into the MLflow run, when there is one."""
@@ -102,6 +112,8 @@ class Tracker:
         self._file.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
+        if self._wandb is not None:
+            self._wandb.finish()
         if self._mlflow is not None:
             if not os.environ.get(RUN_ID_VAR):
                 self._mlflow.finish()  # a pipeline's run is ended by the pipeline

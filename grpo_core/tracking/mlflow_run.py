@@ -32,6 +32,18 @@ MAX_PARAMS_PER_BATCH = 100  # MLflow's limit per log_batch
 MAX_PARAM_LENGTH = 6000
 
 
+def mask_secrets(params: dict[str, Any]) -> dict[str, Any]:
+    """Values of secret-looking keys as ``***``, also inside dict values (a flattened config keeps
+    ``trainer.env`` whole, so its ``WANDB_API_KEY`` is a key of the dict): what every sink logs."""
+
+    def mask(key: str, value: Any) -> Any:
+        if SECRET.search(key.rsplit(".", 1)[-1]):
+            return "***"
+        return {k: mask(str(k), v) for k, v in value.items()} if isinstance(value, dict) else value
+
+    return {k: mask(k, v) for k, v in params.items()}
+
+
 def tracking_uri(cfg) -> str:
     """The config's URI, else MLflow's own environment variable, else a SQLite file in the working directory."""
     return cfg.tracking.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
@@ -80,10 +92,7 @@ class MlflowRun:
         """Values of secret-looking keys (``trainer.env.WANDB_API_KEY``, say) are logged as ``***``."""
         from mlflow.entities import Param
 
-        items = [
-            Param(k, "***" if SECRET.search(k.rsplit(".", 1)[-1]) else str(v)[:MAX_PARAM_LENGTH])
-            for k, v in params.items()
-        ]
+        items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in mask_secrets(params).items()]
         for first in range(0, len(items), MAX_PARAMS_PER_BATCH):
             self._send("log_batch", {"params": items[first : first + MAX_PARAMS_PER_BATCH]})
 

@@ -35,10 +35,11 @@ def file_digest(path: str | Path) -> str:
 
 def pipeline_key(cfg: GRPOConfig) -> str:
     """What the trained model depends on: the resolved config (less where results are logged, how ranks are
-    started and how the model is evaluated afterwards) and the training data's bytes."""
+    started and how the model is evaluated afterwards), the training data's bytes and a custom reward file's."""
     settings = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith(NOT_IN_KEY)}
     parts = [json.dumps(settings, sort_keys=True, default=str)]
-    parts += [file_digest(p) for p in cfg.data.train_files if Path(p).is_file()]
+    inputs = [*cfg.data.train_files, *filter(None, [cfg.custom_reward_function.path])]
+    parts += [file_digest(p) for p in inputs if Path(p).is_file()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 

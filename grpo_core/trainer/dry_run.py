@@ -10,7 +10,14 @@ from rich.table import Table
 from grpo_core.config import GRPOConfig, to_yaml
 from grpo_core.config.load import load_config_with_notes
 from grpo_core.config.validate import Report, check_config, update_micro_batch
-from grpo_core.models.shape import ModelShape, ModelShapeError, load_model_shape
+from grpo_core.models.shape import (
+    ModelShape,
+    ModelShapeError,
+    hf_overrides,
+    read_hf_config,
+    unknown_override_fields,
+    with_overrides,
+)
 
 
 @dataclass
@@ -24,15 +31,25 @@ def resolve_run(config_path: str | Path | None, overrides: list[str]) -> Resolve
     """Load, read the model's shape and check everything. Raises ConfigError only for unreadable input;
     consistency problems come back in ``report.errors``."""
     cfg, notes = load_config_with_notes(config_path, overrides)
-    shape, shape_error = None, None
+    model = cfg.actor_rollout_ref.model
+    shape, shape_error, unknown = None, None, []
+    hf_fields = hf_overrides(model.override_config)
     try:
-        shape = load_model_shape(cfg.actor_rollout_ref.model.path)
+        hf_config = read_hf_config(model.path)
+        shape = ModelShape.from_hf_config(with_overrides(hf_config, hf_fields))
+        unknown = unknown_override_fields(hf_config, hf_fields)
     except ModelShapeError as e:
         shape_error = f"actor_rollout_ref.model.path: {e}"
     report = check_config(cfg, shape)
     report.notes[:0] = notes
     if shape_error:
         report.errors.insert(0, shape_error)
+    prefix = "actor_rollout_ref.model.override_config.model_config"
+    report.warnings += [
+        f"{prefix}.{key}: the model's config.json has no such field and transformers' config class does not know "
+        "it either (a typo?); it is passed on as given"
+        for key in unknown
+    ]
     return ResolvedRun(cfg, shape, report)
 
 

@@ -26,8 +26,8 @@ from grpo_core.config.validate import actor_layout
 from grpo_core.data.prompts import Prompt, PromptSampler, load_prompts
 from grpo_core.diagnostics import RunDiagnostics
 from grpo_core.models.bridge import gather_hf_weights
-from grpo_core.models.shape import ModelShape, model_weights_dir
-from grpo_core.rewards import get_reward_fn
+from grpo_core.models.shape import ModelShape, hf_overrides, model_weights_dir, with_overrides
+from grpo_core.rewards import Scorer, build_scorer
 from grpo_core.rollout import Generation, SamplingSettings, build_engine, to_rollout_batch
 from grpo_core.rollout.hf import load_tokenizer
 from grpo_core.tracking import Tracker
@@ -67,6 +67,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
     )
     val_prompts = load_prompts(d.val_files, tokenizer, d.max_prompt_length, True)[0] if _validates(cfg) else []
     sampler = PromptSampler(train_prompts, d.train_batch_size, d.shuffle, d.seed)
+    scorer = build_scorer(cfg)
     total_steps = cfg.trainer.total_training_steps or sampler.steps_per_epoch * cfg.trainer.total_epochs
     optimizer_steps = total_steps * arr.actor.ppo_epochs * (d.train_batch_size // arr.actor.ppo_mini_batch_size)
 
@@ -86,7 +87,9 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
         if resume_from is not None or _engine_starts_empty(cfg):
             sync_weights(actor, engine, shape, cfg)  # the engine holds the initial weights, or none
         trainer_state = {
-            "hf_config": json.loads((model_dir / "config.json").read_text()),
+            "hf_config": with_overrides(
+                json.loads((model_dir / "config.json").read_text()), hf_overrides(model_cfg.override_config)
+            ),
             "dtype": settings.dtype,
             "tokenizer_path": str(tokenizer_dir),
         }
@@ -97,7 +100,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
         if dropped:
             logger.warning("dropped %d training prompts longer than data.max_prompt_length", dropped)
         if cfg.trainer.val_before_train and val_prompts:
-            tracker.log(validate(cfg, engine, val_prompts, tokenizer), step=start_step)
+            tracker.log(validate(cfg, engine, val_prompts, tokenizer, scorer), step=start_step)
 
         sampling = SamplingSettings(
             n=arr.rollout.n,
@@ -113,7 +116,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             diag.begin_step(step + 1)
 
             with timed(timings, "gen", diag):
-                rollouts = generate(engine, sampler.batch(step), sampling, tokenizer, cfg)
+                rollouts = generate(engine, sampler.batch(step), sampling, tokenizer, cfg, scorer)
                 if engine is not None and arr.rollout.free_cache_engine:
                     engine.sleep()
             batch = to_rollout_batch(rollouts.gen, tokenizer.pad_token_id)
@@ -159,7 +162,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             }
             last = step + 1 == total_steps
             if val_prompts and cfg.trainer.test_freq > 0 and ((step + 1) % cfg.trainer.test_freq == 0 or last):
-                step_metrics |= validate(cfg, engine, val_prompts, tokenizer)
+                step_metrics |= validate(cfg, engine, val_prompts, tokenizer, scorer)
             tracker.log(step_metrics, step=step + 1)
             if checkpoints.should_save(step + 1, last):
                 checkpoints.save(step + 1, actor, trainer_state)
@@ -186,7 +189,9 @@ def timed(timings: dict[str, float], name: str, diag: RunDiagnostics | None = No
     timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
 
 
-def generate(engine, prompts: list[Prompt], settings: SamplingSettings, tokenizer, cfg: GRPOConfig) -> Rollouts:
+def generate(
+    engine, prompts: list[Prompt], settings: SamplingSettings, tokenizer, cfg: GRPOConfig, scorer: Scorer
+) -> Rollouts:
     """Each rollout replica samples its contiguous share of ``prompts``; every rank gets all of it, scored."""
     tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
     replicas, replica = dist.get_world_size() // tp, dist.get_rank() // tp
@@ -194,14 +199,11 @@ def generate(engine, prompts: list[Prompt], settings: SamplingSettings, tokenize
     mine = prompts[replica * share : (replica + 1) * share]
     local = engine.generate([p.ids for p in mine], settings) if engine is not None and mine else None
     gen = _gather_generations(local if dist.get_rank() % tp == 0 else None)  # a replica's rows once
-    rm = cfg.reward_model
     scores = []
     for row, ids in enumerate(gen.response_ids):
         prompt = prompts[gen.group_index[row]]
         text = tokenizer.decode(ids, skip_special_tokens=True)
-        score_fn = get_reward_fn(prompt.data_source)
-        score = score_fn(text, prompt.ground_truth, method=rm.method, format_score=rm.format_score, score=rm.score)
-        scores.append(score)
+        scores.append(scorer(prompt.data_source, text, prompt.ground_truth, prompt.extra_info))
     return Rollouts(gen, scores)
 
 
@@ -258,7 +260,7 @@ def sync_weights(actor: MegatronActor, engine, shape: ModelShape, cfg: GRPOConfi
         pass
 
 
-def validate(cfg: GRPOConfig, engine, prompts: list[Prompt], tokenizer) -> dict[str, float]:
+def validate(cfg: GRPOConfig, engine, prompts: list[Prompt], tokenizer, scorer: Scorer) -> dict[str, float]:
     """Greedy (or val_kwargs) samples of the validation prompts: mean reward and accuracy (full score)."""
     val = cfg.actor_rollout_ref.rollout.val_kwargs
     settings = SamplingSettings(
@@ -271,7 +273,7 @@ def validate(cfg: GRPOConfig, engine, prompts: list[Prompt], tokenizer) -> dict[
     size = cfg.data.val_batch_size or len(prompts)
     scores, lengths = [], []
     for first in range(0, len(prompts), size):
-        rollouts = generate(engine, prompts[first : first + size], settings, tokenizer, cfg)
+        rollouts = generate(engine, prompts[first : first + size], settings, tokenizer, cfg, scorer)
         scores += rollouts.scores
         lengths += [len(r) for r in rollouts.gen.response_ids]
     full = cfg.reward_model.score
