@@ -237,9 +237,10 @@ def test_unreadable_checkpoint_is_one_line_and_exit_2(tmp_path, capitals):
 
 
 def test_verl_integrations_in_one_run(tmp_path, capitals, monkeypatch):
-    """custom_reward_function (verl's signature, extra_info from the row), trainer.logger=wandb (offline) and
-    override_config.model_config in a 2-step run: the rewards are the file's, wandb holds metrics.jsonl's rows,
-    the saved trainer state carries the overridden config."""
+    """A verl command line's keys in a 2-step run: custom_reward_function (verl's signature, extra_info from the
+    row), trainer.logger=wandb (offline), override_config.model_config, token-budget log-prob passes, the guide's
+    optimizer spelling and keys of no effect here (one note each). The rewards are the file's, wandb holds
+    metrics.jsonl's rows, the saved trainer state carries the overridden config."""
     pytest.importorskip("wandb")
     from grpo_core.trainer.checkpoint import CheckpointManager, read_trainer_state
     from tests.support.wandb_log import read_run
@@ -263,8 +264,18 @@ def test_verl_integrations_in_one_run(tmp_path, capitals, monkeypatch):
         "trainer.experiment_name=integrations",
         "+actor_rollout_ref.model.override_config.model_config.max_position_embeddings=1024",
         "trainer.val_before_train=true",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=160",  # 2 rows of 64 + 4 tokens per forward
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=160",
+        "actor_rollout_ref.actor.optimizer.lr=1e-4",
+        "trainer.critic_warmup=0",
+        "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.actor.megatron.use_mbridge=True",
+        "data.return_raw_chat=True",
     )
     assert result.returncode == 0, result.stderr[-4000:]
+    assert "note: trainer.critic_warmup: no effect here: GRPO has no critic" in result.stderr
     rows = metrics(run)
     assert [m["step"] for m in rows] == [0, 1, 2]
     assert rows[0]["val/reward_mean"] == 0.75  # the test split's score
