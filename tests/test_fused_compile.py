@@ -65,3 +65,11 @@ def test_rms_norm_backward_in_bf16_matches_autograd():
     ref_x, ref_w = torch.autograd.grad(fused._rms_norm(x32, w32, 1e-6), (x32, w32), g.float())
     torch.testing.assert_close(g_x.float().reshape(x.shape), ref_x, atol=0.05, rtol=0.02)
     torch.testing.assert_close(g_w.float(), ref_w, atol=0.5, rtol=0.02)
+
+
+def test_rms_norm_inside_another_compiled_function():
+    """The engine's compiled blocks call it: there it is traced into their graph (marking dims is not allowed)."""
+    torch._dynamo.reset()
+    x, weight = torch.randn(6, 1, H), torch.randn(H)
+    block = torch.compile(lambda x, w: fused.compiled_rms_norm(x, w, 1e-6) * 2)
+    torch.testing.assert_close(block(x, weight), 2 * fused._rms_norm(x, weight, 1e-6), atol=1e-5, rtol=1e-5)
