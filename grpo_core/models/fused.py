@@ -35,11 +35,64 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * h.to(x.dtype)
 
 
-_rms_norm_compiled = torch.compile(_rms_norm, dynamic=True)
+def _rms_norm_back(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float):
+    """``_rms_norm``'s gradients (x, weight) for rows x [tokens, hidden], as autograd takes them through its
+    steps (the cast back, the scale in the weight's dtype), the weight's summed over tokens in fp32."""
+    h = x.float()
+    rstd = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    normed = h * rstd
+    g_weight = (g.float() * normed.to(x.dtype).float()).sum(0).to(weight.dtype)
+    g_normed = (g * weight).float()
+    g_x = rstd * (g_normed - normed * (g_normed * normed).mean(-1, keepdim=True))
+    return g_x.to(x.dtype), g_weight
+
+
+# Each called on plain (not view) [tokens, hidden] rows with only the token count symbolic (``_rows``).
+_rms_norm_compiled = torch.compile(_rms_norm)
+_rms_norm_back_compiled = torch.compile(_rms_norm_back)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as contiguous [tokens, hidden] rows that are no view (dynamo guards on a view's base too: [b, 1, h]
+    decode rows against [s, b, h] ones), the token count symbolic."""
+    rows = t.reshape(-1, t.shape[-1])
+    return token_dims((rows if rows.is_contiguous() else rows.contiguous()).detach(), 0)
+
+
+class _CompiledRMSNorm(torch.autograd.Function):
+    """Forward and backward as two compiled functions of their own, on plain rows: under autograd one compiled
+    function guards on the grad mode and every input's ``requires_grad`` too, so the actor's training, its
+    log-prob passes and the engine each took graphs of their own."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        rows = _rows(x)
+        ctx.eps = eps
+        ctx.save_for_backward(rows, weight)
+        return _rms_norm_compiled(rows, weight.detach(), eps).view(x.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        rows, weight = ctx.saved_tensors
+        g_x, g_weight = _rms_norm_back_compiled(_rows(g), rows, weight.detach(), ctx.eps)
+        return g_x.view(g.shape), g_weight if ctx.needs_input_grad[1] else None, None
+
+
+def compiled_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``_rms_norm`` compiled, over ``x``'s rows. Called on its own layouts (megatron's [s, b, h], packed [t, 1, h],
+    the engine's [b, s, h], a last-token slice, a transposed q/k) under autograd, each layout, stride pattern,
+    grad mode and ``requires_grad`` was a guard of its own: a 16-row ``grpo train`` run took all 8 graphs
+    torch.compile keeps per function and ran the rest eagerly. Now the forward keeps one graph (and one for a
+    single token, one per other hidden size), the backward one or two (tests/test_fused_compile.py counts them)."""
+    if torch.compiler.is_compiling():  # inside another compiled function (the engine's blocks): part of its graph
+        return _rms_norm(x, weight, eps)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return _CompiledRMSNorm.apply(x, weight, eps)
+    return _rms_norm_compiled(_rows(x), weight.detach(), eps).view(x.shape)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return (_rms_norm_compiled if x.is_cuda else _rms_norm)(x, weight, eps)
+    return compiled_rms_norm(x, weight, eps) if x.is_cuda else _rms_norm(x, weight, eps)
 
 
 def _rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
