@@ -20,10 +20,11 @@ def test_paired_uplift_newcombe_method_10_and_exact_mcnemar():
     r = paired_uplift(base, trained)
     assert (r["both"], r["only_trained"], r["only_base"], r["neither"], r["n"]) == (8, 6, 1, 5, 20)
     assert r["uplift"] == pytest.approx(0.25)
-    # Wilson: trained 14/20 (0.481027, 0.854523), base 9/20 (0.258198, 0.657915); phi = (8·5 - 6·1) /
-    # sqrt(14·6·9·11) = 0.372839; delta = sqrt(0.218973² - 2·phi·0.218973·0.207915 + 0.207915²) = 0.239225,
-    # epsilon = sqrt(0.154523² - 2·phi·0.154523·0.191802 + 0.191802²) = 0.196380
-    assert (r["ci_low"], r["ci_high"]) == pytest.approx((0.010775, 0.446380), abs=1e-6)
+    # Wilson: trained 14/20 (0.481027, 0.854523), base 9/20 (0.258198, 0.657915); phi = (8·5 - 6·1 - 20/2) /
+    # sqrt(14·6·9·11) = 24 / 91.192 = 0.263181; delta = sqrt(0.218973² - 2·phi·0.218973·0.207915 + 0.207915²)
+    # = 0.259256, epsilon = sqrt(0.154523² - 2·phi·0.154523·0.191802 + 0.191802²) = 0.212286
+    assert (r["ci_low"], r["ci_high"]) == pytest.approx((-0.009256, 0.462286), abs=1e-6)
+    # a gain of 6 against 1 on 20 questions is not significant: the interval holds 0 and p > 0.05
     # McNemar, exact: 7 discordant pairs, 1 against; p = 2·(C(7,0) + C(7,1)) / 2^7 = 0.125
     assert r["p_value"] == pytest.approx(0.125)
 

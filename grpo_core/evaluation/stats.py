@@ -23,8 +23,9 @@ def paired_uplift(base: Sequence[bool], trained: Sequence[bool], confidence: flo
     """trained - base accuracy on the same questions, with Newcombe's (1998) method-10 interval and the exact
     McNemar p-value.
 
-    Method 10 combines each accuracy's Wilson interval through the phi correlation of the paired 2x2 table
-    (phi = 0 when a margin is empty). McNemar's exact test is a two-sided binomial test of the discordant
+    Method 10 combines each accuracy's Wilson interval through the phi correlation of the paired 2x2 table,
+    its numerator ad - bc reduced by n/2 towards 0 when positive, as Newcombe sets it (phi = 0 when a margin
+    is empty). McNemar's exact test is a two-sided binomial test of the discordant
     pairs (questions only one of the two models gets right); with none, the p-value is 1.
     """
     if len(base) != len(trained):
@@ -42,7 +43,10 @@ def paired_uplift(base: Sequence[bool], trained: Sequence[bool], confidence: flo
     l1, u1 = wilson_interval(both + only_trained, n, confidence)
     l2, u2 = wilson_interval(both + only_base, n, confidence)
     margins = (both + only_trained) * (only_base + neither) * (both + only_base) * (only_trained + neither)
-    phi = (both * neither - only_trained * only_base) / sqrt(margins) if margins else 0.0
+    cross = both * neither - only_trained * only_base
+    if cross > 0:
+        cross = max(cross - n / 2, 0.0)
+    phi = cross / sqrt(margins) if margins else 0.0
     d = p1 - p2
     delta = sqrt(max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0))
     epsilon = sqrt(max((u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2, 0.0))
