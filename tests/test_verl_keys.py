@@ -222,3 +222,27 @@ def test_dapo_reward_manager_keys_from_verl_scripts(capsys):
     assert cfg.reward_model.reward_kwargs.overlong_buffer_cfg.len == 256
     assert main(["train", *overrides[:2], "--dry-run"]) == 2
     assert "overlong_buffer_cfg.enable=true needs reward_model.reward_kwargs.max_resp_len" in capsys.readouterr().err
+
+
+def test_a_verl_style_yaml_with_its_sentinels(tmp_path):
+    """verl's own YAML leaves rollout.name as ``???``, micro-batch sizes and data.seed as null, and composes
+    keys that only mean something to its FSDP workers: each loads, or is one line naming the key."""
+    verl = tmp_path / "ppo_megatron_trainer.yaml"
+    verl.write_text(
+        "actor_rollout_ref:\n"
+        "  actor:\n    ppo_micro_batch_size_per_gpu: null\n    use_remove_padding: false\n"
+        "    optim: {warmup_style: constant, min_lr_ratio: 0.0, betas: [0.9, 0.999], clip_grad: 1.0}\n"
+        "  ref: {entropy_checkpointing: false, fsdp_config: {param_offload: false}}\n"
+        "  rollout:\n    name: ???\n    layered_summon: false\n"
+        "data: {seed: null}\ntrainer: {val_only: false, use_legacy_worker_impl: auto}\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(verl)
+    assert e.value.problems == ["actor_rollout_ref.rollout.name: no value given (the config says ???); set it"]
+    with pytest.raises(ConfigError, match="ppo_micro_batch_size_per_gpu=null: set it, or use_dynamic_bsz=true"):
+        load_config(verl, ["actor_rollout_ref.rollout.name=vllm"])
+    cfg, notes = load_config_with_notes(
+        verl, ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.use_dynamic_bsz=true"]
+    )
+    assert cfg.data.seed == 1 and cfg.actor_rollout_ref.actor.optim.adam_beta2 == 0.999
+    assert len(notes) == 8 and all(": no effect here" in n for n in notes), notes

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from grpo_core.config import verl_keys
 from grpo_core.config.schema import FREE_FORM_KEYS, GRPOConfig, iter_settings
@@ -247,7 +247,10 @@ def load_config_with_notes(path: str | Path | None, overrides: list[str] = ()) -
                 problems.append(problem)
     if problems:
         raise ConfigError(problems)
-    config = OmegaConf.to_object(cfg)
+    try:
+        config = OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as e:  # verl's `???`: a value its config leaves to the user
+        raise ConfigError([f"{e.full_key}: no value given (the config says ???); set it"]) from None
     problems += _normalise(config)
     if problems:
         raise ConfigError(problems)
@@ -264,6 +267,12 @@ def _normalise(cfg: GRPOConfig) -> list[str]:
     if not trainer.default_local_dir:  # verl scripts pass `trainer.default_local_dir=` for its default
         trainer.default_local_dir = f"checkpoints/{trainer.project_name}/{trainer.experiment_name}"
     actor = cfg.actor_rollout_ref.actor
+    if cfg.data.seed is None:
+        cfg.data.seed = 1
+    if actor.ppo_micro_batch_size_per_gpu is None:
+        if not actor.use_dynamic_bsz:
+            return ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null: set it, or use_dynamic_bsz=true"]
+        actor.ppo_micro_batch_size_per_gpu = 1  # unused: micro-batches are sized by the token budget
     for section in (cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref):  # verl's interpolations
         if section.log_prob_use_dynamic_bsz is None:
             section.log_prob_use_dynamic_bsz = actor.use_dynamic_bsz

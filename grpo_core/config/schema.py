@@ -37,7 +37,7 @@ class DataConfig:
     train_batch_size: int = setting(1024, "prompts sampled per training step (each gets `rollout.n` responses)")
     val_batch_size: int | None = setting(None, "prompts per validation batch (null: the whole set at once)")
     shuffle: bool = setting(True, "shuffle the training prompts every epoch")
-    seed: int = setting(1, "seed of the prompt sampler")
+    seed: int | None = setting(1, "seed of the prompt sampler (null: 1)")
     filter_overlong_prompts: bool = setting(True, "drop prompts longer than max_prompt_length up front")
     truncation: str = setting(
         "error", "what to do with a prompt over max_prompt_length", ("error", "left", "right", "middle")
@@ -118,7 +118,9 @@ class PolicyLossConfig:
 class ActorConfig:
     strategy: str = setting("megatron", "training backend", ("megatron",))
     ppo_mini_batch_size: int = setting(256, "prompts per optimizer step (times rollout.n responses)")
-    ppo_micro_batch_size_per_gpu: int = setting(4, "responses per forward/backward on one GPU")
+    ppo_micro_batch_size_per_gpu: int | None = setting(
+        4, "responses per forward/backward on one GPU (null: only with use_dynamic_bsz)"
+    )
     ppo_epochs: int = setting(1, "passes over each step's rollouts")
     shuffle: bool = setting(False, "shuffle rollouts between mini-batches")
     use_dynamic_bsz: bool = setting(False, "size micro-batches by token count instead of responses")

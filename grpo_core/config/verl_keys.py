@@ -127,6 +127,29 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
     *_ignored("mini-batches are shuffled by actor.shuffle with data.seed", f"{ARR}.actor.data_loader_seed"),
     *_ignored("weights are always loaded from model.path", f"{ARR}.actor.load_weight", f"{ARR}.ref.load_weight"),
     *_ignored(
+        "FSDP's scheduler keys: the megatron actor's are lr_warmup_steps(_ratio), lr_decay_style and min_lr",
+        f"{ARR}.actor.optim.min_lr_ratio",
+        f"{ARR}.actor.optim.num_cycles",
+        f"{ARR}.actor.optim.warmup_style",
+    ),
+    *_ignored(
+        "FSDP's entropy memory savers: the fused log-prob kernels never hold an fp32 [tokens, vocab] tensor",
+        *(f"{ARR}.{w}.entropy_{k}" for w in ("actor", "ref") for k in ("from_logits_with_chunking", "checkpointing")),
+    ),
+    *_ignored(
+        "the reference model is the actor's initial model (model.path)", f"{ARR}.ref.model", f"{ARR}.ref.model.*"
+    ),
+    *_ignored(
+        "verl derives it from actor_rollout_ref.model.use_remove_padding, which sets packing here",
+        f"{ARR}.actor.use_remove_padding",
+        f"{ARR}.ref.use_remove_padding",
+    ),
+    *_ignored("FSDP's layered weight summoning for LoRA", f"{ARR}.rollout.layered_summon"),
+    *_ignored(
+        "verl's choice of worker implementation: there are no Ray workers here", "trainer.use_legacy_worker_impl"
+    ),
+    *_refused("validation-only runs (use `grpo evaluate` on the model)", "trainer.val_only", off=(False,)),
+    *_ignored(
         FSDP,
         f"{ARR}.actor.fsdp_config.*",
         f"{ARR}.ref.fsdp_config.*",
@@ -317,6 +340,7 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
                 "use_reward_loop",
                 "num_workers",
                 "rollout.*",
+                "ulysses_sequence_parallel_size",
             )
         ),
     ),
@@ -366,6 +390,8 @@ def concrete_keys() -> list[str]:
 
 
 REFUSED_VALUES: dict[tuple[str, Any], str] = {
+    (f"{ARR}.actor.strategy", "fsdp"): "the FSDP training backend (the actor trains on megatron-core)",
+    (f"{ARR}.actor.strategy", "fsdp2"): "the FSDP2 training backend (the actor trains on megatron-core)",
     (f"{ARR}.rollout.name", "sglang"): "the SGLang rollout engine",
     (f"{ARR}.rollout.name", "trtllm"): "the TensorRT-LLM rollout engine",
     ("algorithm.adv_estimator", "gae"): "GAE, which needs a critic (value model)",
