@@ -85,7 +85,7 @@ def compiled_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
     the engine's [b, s, h], a last-token slice, a transposed q/k) under autograd, each layout, stride pattern,
     grad mode and ``requires_grad`` was a guard of its own: a 16-row ``grpo train`` run took all 8 graphs
     torch.compile keeps per function and ran the rest eagerly. Now the forward keeps one graph (and one for a
-    single token, one per other hidden size), the backward one or two (tests/test_fused_compile.py counts them)."""
+    single token, one per other hidden size), the backward one (tests/test_fused_compile.py counts them)."""
     if torch.compiler.is_compiling():  # inside another compiled function (the engine's blocks): part of its graph
         return _rms_norm(x, weight, eps)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
