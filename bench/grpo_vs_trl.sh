@@ -9,7 +9,7 @@ set -uo pipefail
 tok=$1 src=$2 out=$3 work=${WORK:-/tmp/bench-work} budget=${BUDGET_S:-560}
 data=$work/gsm8k model=$work/Qwen2.5-1.5B
 mkdir -p "$out" "$work"
-left() { echo $((budget - SECONDS)); }
+left() { local l=$((budget - SECONDS)); echo $((l > 1 ? l : 1)); }  # timeout refuses 0 and negatives
 stamp() { echo "[$SECONDS s] $*"; }
 python3 -m grpo_core.cli prepare --source "$src" --output "$data" > /dev/null || exit 1
 

@@ -36,15 +36,16 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 def _rms_norm_back(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float):
-    """``_rms_norm``'s gradients (x, weight) for rows x [tokens, hidden], as autograd takes them through its
-    steps (the cast back, the scale in the weight's dtype), the weight's summed over tokens in fp32."""
+    """``_rms_norm``'s gradient for rows x [tokens, hidden] as autograd takes it through its steps (the cast back,
+    the scale in the weight's dtype), and the weight's per-token terms ``g * normed`` [tokens, hidden]: their sum
+    over tokens is left to torch's reduction kernel (``_CompiledRMSNorm.backward``), as eager autograd does it,
+    so the compiled kernel reduces only over the fixed hidden size."""
     h = x.float()
     rstd = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     normed = h * rstd
-    g_weight = (g.float() * normed.to(x.dtype).float()).sum(0).to(weight.dtype)
     g_normed = (g * weight).float()
     g_x = rstd * (g_normed - normed * (g_normed * normed).mean(-1, keepdim=True))
-    return g_x.to(x.dtype), g_weight
+    return g_x.to(x.dtype), g * normed.to(x.dtype)
 
 
 # Each called on plain (not view) [tokens, hidden] rows with only the token count symbolic (``_rows``).
@@ -74,8 +75,9 @@ class _CompiledRMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         rows, weight = ctx.saved_tensors
-        g_x, g_weight = _rms_norm_back_compiled(_rows(g), rows, weight.detach(), ctx.eps)
-        return g_x.view(g.shape), g_weight if ctx.needs_input_grad[1] else None, None
+        g_x, g_weight_terms = _rms_norm_back_compiled(_rows(g), rows, weight.detach(), ctx.eps)
+        g_weight = g_weight_terms.sum(0) if ctx.needs_input_grad[1] else None
+        return g_x.view(g.shape), g_weight, None
 
 
 def compiled_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -83,7 +85,7 @@ def compiled_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
     the engine's [b, s, h], a last-token slice, a transposed q/k) under autograd, each layout, stride pattern,
     grad mode and ``requires_grad`` was a guard of its own: a 16-row ``grpo train`` run took all 8 graphs
     torch.compile keeps per function and ran the rest eagerly. Now the forward keeps one graph (and one for a
-    single token, one per other hidden size), the backward one or two (tests/test_fused_compile.py counts them)."""
+    single token, one per other hidden size), the backward one (tests/test_fused_compile.py counts them)."""
     if torch.compiler.is_compiling():  # inside another compiled function (the engine's blocks): part of its graph
         return _rms_norm(x, weight, eps)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
