@@ -5,81 +5,18 @@
 
 Each EVAL_DIR holds a `grpo evaluate` (or bench/eval_static.py) samples.jsonl, one greedy sample per question.
 The uplift is trained minus base strict accuracy, with Newcombe's (1998) method-10 95% interval for a difference
-of paired proportions and the exact (binomial) two-sided McNemar p-value on the discordant questions. The curves:
+of paired proportions and the exact (binomial) two-sided McNemar p-value on the discordant questions
+(`grpo_core.evaluation.stats.paired_uplift`). The curves:
 reward, strict accuracy and format rate of the training samples per step; the format rate is read back from
 the mean reward, whose values are 1 (right), ``format_score`` (a wrong `#### N`) and 0 (no `####`).
 """
 
 import argparse
 import json
-import math
 import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-Z95 = 1.959963984540054
-
-
-@dataclass(frozen=True)
-class PairedTable:
-    """Questions by (trained right?, base right?)."""
-
-    both: int
-    trained_only: int
-    base_only: int
-    neither: int
-
-    @property
-    def n(self) -> int:
-        return self.both + self.trained_only + self.base_only + self.neither
-
-
-def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion."""
-    p = successes / n
-    centre = p + z * z / (2 * n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    scale = 1 + z * z / n
-    return (centre - half) / scale, (centre + half) / scale
-
-
-def newcombe_paired(t: PairedTable, z: float = Z95) -> tuple[float, float, float]:
-    """(trained - base, lower, upper): Newcombe's method 10, Wilson intervals of both margins combined with the
-    correlation of the pairs (phi, with ad - bc reduced by n/2 towards 0 when positive, as Newcombe sets it)."""
-    n = t.n
-    trained, base = t.both + t.trained_only, t.both + t.base_only
-    p1, p2 = trained / n, base / n
-    l1, u1 = wilson(trained, n, z)
-    l2, u2 = wilson(base, n, z)
-    margins = trained * (n - trained) * base * (n - base)
-    cross = t.both * t.neither - t.trained_only * t.base_only
-    if cross > 0:
-        cross = max(cross - n / 2, 0.0)
-    phi = cross / math.sqrt(margins) if margins else 0.0
-    lower = (p1 - p2) - math.sqrt(max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0))
-    upper = (p1 - p2) + math.sqrt(max((u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2, 0.0))
-    return p1 - p2, lower, upper
-
-
-def mcnemar_exact(trained_only: int, base_only: int) -> float:
-    """Two-sided exact McNemar p: twice the binomial(discordant, 1/2) tail of the rarer discordant count."""
-    m = trained_only + base_only
-    if m == 0:
-        return 1.0
-    tail = sum(math.comb(m, i) for i in range(min(trained_only, base_only) + 1)) / 2**m
-    return min(1.0, 2 * tail)
-
-
-def paired_table(base: list[bool], trained: list[bool]) -> PairedTable:
-    if len(base) != len(trained):
-        raise ValueError(f"{len(base)} base answers against {len(trained)} trained ones")
-    pairs = list(zip(trained, base, strict=True))
-    return PairedTable(
-        both=sum(t and b for t, b in pairs),
-        trained_only=sum(t and not b for t, b in pairs),
-        base_only=sum(b and not t for t, b in pairs),
-        neither=sum(not t and not b for t, b in pairs),
-    )
+from grpo_core.evaluation.stats import paired_uplift
 
 
 def format_rate(mean_reward: float, accuracy: float, format_score: float) -> float:
@@ -139,22 +76,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the two evaluations answer different questions ({len(base)} vs {len(trained)})", file=sys.stderr)
         return 2
     questions = sorted(base)
-    table = paired_table([base[q] for q in questions], [trained[q] for q in questions])
-    diff, lower, upper = newcombe_paired(table)
-    p = mcnemar_exact(table.trained_only, table.base_only)
+    r = paired_uplift([base[q] for q in questions], [trained[q] for q in questions])
+    n, diff, lower, upper, p = r["n"], r["uplift"], r["ci_low"], r["ci_high"], r["p_value"]
     result = {
-        **asdict(table),
-        "questions": table.n,
-        "base_accuracy": (table.both + table.base_only) / table.n,
-        "trained_accuracy": (table.both + table.trained_only) / table.n,
-        "uplift": diff,
+        **r,
+        "base_accuracy": (r["both"] + r["only_base"]) / n,
+        "trained_accuracy": (r["both"] + r["only_trained"]) / n,
         "ci95": [lower, upper],
         "mcnemar_p": p,
     }
     print(
-        f"{table.n} questions: base {result['base_accuracy']:.2%}, trained {result['trained_accuracy']:.2%}; "
+        f"{n} questions: base {result['base_accuracy']:.2%}, trained {result['trained_accuracy']:.2%}; "
         f"uplift {diff * 100:+.2f} pts (95% CI {lower * 100:+.2f} to {upper * 100:+.2f}), "
-        f"discordant {table.trained_only} trained-only / {table.base_only} base-only, exact McNemar p = {p:.3g}"
+        f"discordant {r['only_trained']} trained-only / {r['only_base']} base-only, exact McNemar p = {p:.3g}"
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

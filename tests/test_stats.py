@@ -39,3 +39,35 @@ def test_paired_uplift_without_discordant_pairs():
     assert (empty["uplift"], empty["p_value"], empty["n"]) == (0.0, 1.0, 0)
     with pytest.raises(ValueError, match="differ in length"):
         paired_uplift([True], [True, False])
+
+
+def _table(both: int, only_trained: int, only_base: int, neither: int) -> tuple[list[bool], list[bool]]:
+    base = [True] * both + [False] * only_trained + [True] * only_base + [False] * neither
+    trained = [True] * (both + only_trained) + [False] * (only_base + neither)
+    return base, trained
+
+
+def test_mcnemar_by_hand():
+    # 10 against 2 discordant: 2 x (C(12,0) + C(12,1) + C(12,2)) / 2^12 = 158 / 4096
+    assert paired_uplift(*_table(0, 10, 2, 0))["p_value"] == pytest.approx(158 / 4096)
+    assert paired_uplift(*_table(0, 2, 10, 0))["p_value"] == pytest.approx(158 / 4096)
+    assert paired_uplift(*_table(3, 5, 5, 3))["p_value"] == 1.0
+
+
+def test_newcombe_with_an_empty_margin_by_hand():
+    # 4 of 10 right after training, none before: phi = 0, so lower = 0.4 - sqrt((0.4 - 0.16818)^2 + 0.27753^2)
+    # and upper = 0.4 + (Wilson(4, 10)'s upper - 0.4)
+    r = paired_uplift(*_table(0, 4, 0, 6))
+    assert (r["uplift"], r["ci_low"], r["ci_high"]) == pytest.approx((0.4, 0.03838, 0.68733), abs=1e-4)
+
+
+def test_newcombe_is_antisymmetric_and_narrows_with_correlation():
+    r = paired_uplift(*_table(30, 12, 3, 55))
+    mirror = paired_uplift(*_table(30, 3, 12, 55))
+    assert (mirror["uplift"], mirror["ci_low"], mirror["ci_high"]) == pytest.approx(
+        (-r["uplift"], -r["ci_high"], -r["ci_low"])
+    )
+    assert r["uplift"] == pytest.approx(0.09) and r["ci_low"] < 0.09 < r["ci_high"]
+    # the same margins (42 and 33 right of 100) with independent pairs (phi ~ 0) give a wider interval
+    independent = paired_uplift(*_table(14, 28, 19, 39))
+    assert independent["ci_high"] - independent["ci_low"] > r["ci_high"] - r["ci_low"]
