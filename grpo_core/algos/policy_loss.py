@@ -97,9 +97,10 @@ def get_policy_loss(name: str) -> PolicyLoss:
 
 
 def _bounds(clip_ratio: float, clip_ratio_low: float | None, clip_ratio_high: float | None) -> tuple[float, float]:
-    return (clip_ratio if clip_ratio_low is None else clip_ratio_low), (
-        clip_ratio if clip_ratio_high is None else clip_ratio_high
-    )
+    """(low, high) clip epsilons: each side's own, else the symmetric ``clip_ratio``."""
+    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    return low, high
 
 
 def _weighted(losses: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
