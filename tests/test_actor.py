@@ -81,10 +81,14 @@ def sweeps(layouts, actor_out):
 SWEEP_METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm")
 
 
-@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+SWEEP_CASES = (*LOSS_AGG_MODES, "gspo", "is-token", "is-sequence")  # tests.dist.actor_worker.SWEEP_CASES
+
+
+@pytest.mark.parametrize("mode", SWEEP_CASES)
 def test_the_update_does_not_depend_on_micro_batching_or_dp(sweeps, mode):
     """Issue 15: one update at micro-batches of 2, 4 and 8 rows or their token budgets, at DP1 and DP2, gives one
-    loss and grad norm in every aggregation mode (fp32: to 1e-5)."""
+    loss and grad norm in every aggregation mode (fp32: to 1e-5). Issue 16: so do GSPO (one ratio per sequence:
+    every row whole in one micro-batch) and rollout importance sampling by token and by sequence."""
     from tests.dist.actor_worker import sweep_micro_batching
 
     names = [name for name, _, _ in sweep_micro_batching()]
@@ -115,7 +119,25 @@ def test_log_probs_by_a_token_budget_equal_those_by_rows(sweeps):
         assert torch.allclose(torch.tensor(sweep["restored"])[real], ref, atol=1e-5), dp
 
 
-@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_the_family_variants_change_the_update(sweeps):
+    """GSPO and the importance weights are not silently the plain loss: their updates differ from token-mean's
+    (GSPO's from seq-mean-token-mean's, the aggregation it uses), and GSPO clips some sequences but not all."""
+    updates = sweeps[1]["updates"]
+    plain = {"gspo": "seq-mean-token-mean", "is-token": "token-mean", "is-sequence": "token-mean"}
+    for case, base in plain.items():
+        assert updates[f"{case}/8"]["actor/grad_norm"] != pytest.approx(
+            updates[f"{base}/8"]["actor/grad_norm"], rel=1e-3
+        )
+    assert 0 < updates["gspo/8"]["actor/pg_clipfrac"] < 1
+
+
+def test_sweep_cases_are_the_workers():
+    from tests.dist.actor_worker import SWEEP_CASES as worker_cases
+
+    assert worker_cases == SWEEP_CASES
+
+
+@pytest.mark.parametrize("mode", SWEEP_CASES)
 def test_the_update_gradient_is_autograd_of_the_grpo_loss_on_the_hf_model(sweeps, tiny_llama, mode):
     """The actor divides each micro-batch's loss sum by the whole mini-batch's denominator (tokens or non-empty
     rows) before the backward; its gradient norm must be that of the same GRPO loss, in each aggregation mode,
@@ -136,7 +158,14 @@ def test_the_update_gradient_is_autograd_of_the_grpo_loss_on_the_hf_model(sweeps
     lp = log_p.gather(-1, batch.responses.unsqueeze(-1)).squeeze(-1)
     entropy = -(log_p.exp() * log_p).sum(-1)
     loss_sum, denominator, _ = grpo_loss(
-        lp, entropy, batch.old_log_probs, batch.advantages, batch.response_mask, batch.ref_log_probs, sweep_loss(mode)
+        lp,
+        entropy,
+        batch.old_log_probs,
+        batch.advantages,
+        batch.response_mask,
+        batch.ref_log_probs,
+        sweep_loss(mode),
+        batch.rollout_log_probs,
     )
     (loss_sum / denominator).backward()
     grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()
@@ -189,6 +218,9 @@ def test_settings_come_from_verl_keys():
         "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1",
         "actor_rollout_ref.actor.kl_coeff=0.02",
         "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=0.5",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+        "algorithm.rollout_correction.rollout_is=sequence",
+        "algorithm.rollout_correction.rollout_is_threshold=3",
     ]
     proc = subprocess.run(
         [sys.executable, "-c", SETTINGS_SNIPPET, str(REPO / "configs" / "grpo_advanced.yaml"), *overrides],
@@ -205,6 +237,8 @@ def test_settings_come_from_verl_keys():
     assert s["loss"]["kl_loss_coef"] == 0.02 and s["loss"]["clip_ratio_high"] == 0.28
     assert s["loss"]["loss_scale_factor"] == 2048  # Dr.GRPO's constant: data.max_response_length unless set
     assert s["optimizer_overrides"] == {"optimizer_offload_fraction": 0.5}
+    assert s["loss"]["loss_mode"] == "gspo"
+    assert s["loss"]["rollout_is"] == "sequence" and s["loss"]["rollout_is_threshold"] == 3.0
 
 
 def test_log_prob_passes_take_rows_or_their_token_budget():

@@ -10,13 +10,21 @@ from grpo_core.algos import (
     ADV_ESTIMATORS,
     KL_PENALTY_TYPES,
     LOSS_AGG_MODES,
+    POLICY_LOSSES,
     agg_denominator,
     agg_loss,
     compute_grpo_outcome_advantage,
     compute_policy_loss,
+    compute_policy_loss_gspo,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_rloo_outcome_advantage,
     get_adv_estimator,
+    get_policy_loss,
     kl_penalty,
     register_adv_estimator,
+    register_policy_loss,
+    rollout_is_metrics,
+    rollout_is_weights,
 )
 
 EPS = 1e-6
@@ -117,7 +125,10 @@ def test_grpo_vectorised_matches_loop(norm):
 
 def test_adv_estimator_registry():
     assert get_adv_estimator("grpo") is compute_grpo_outcome_advantage
-    with pytest.raises(ValueError, match=r"unknown adv_estimator 'x'; valid: \['grpo'\]"):
+    assert get_adv_estimator("rloo") is compute_rloo_outcome_advantage
+    assert get_adv_estimator("reinforce_plus_plus") is compute_reinforce_plus_plus_outcome_advantage
+    valid = r"\['grpo', 'reinforce_plus_plus', 'rloo'\]"
+    with pytest.raises(ValueError, match=rf"unknown adv_estimator 'x'; valid: {valid}"):
         get_adv_estimator("x")
     with pytest.raises(ValueError, match="already registered"):
         register_adv_estimator("grpo")(lambda *a: a)
@@ -130,6 +141,54 @@ def test_adv_estimator_registry():
         assert get_adv_estimator("test_only") is _dummy
     finally:
         ADV_ESTIMATORS.pop("test_only", None)
+
+
+# ---------------------------------------------------------------- RLOO and REINFORCE++
+
+
+def test_rloo_subtracts_the_mean_of_the_other_responses():
+    # group a, scores [1, 0, 0, 1]: row with 1 -> 1 - (0 + 0 + 1)/3 = 2/3; row with 0 -> 0 - (1 + 0 + 1)/3 = -2/3
+    # group b, one response of 3: no others, it keeps its score 3
+    # group c, scores [2, 5]: 2 - 5 = -3, 5 - 2 = 3
+    scores = [1.0, 3.0, 0.0, 2.0, 0.0, 5.0, 1.0]
+    rewards, mask = _last_token_rewards(scores)
+    mask[0, 0] = 0  # a padded token: advantage 0 there, the score (on the last token) unchanged
+    adv, ret = get_adv_estimator("rloo")(rewards, mask, index=list("abacaca"), norm_adv_by_std_in_grpo=True)
+    expected = torch.tensor([2 / 3, 3.0, -2 / 3, -3.0, -2 / 3, 3.0, 2 / 3])
+    torch.testing.assert_close(adv[:, -1], expected)
+    assert adv[0, 0] == 0 and adv[0, 1] == pytest.approx(2 / 3)
+    assert torch.equal(adv, ret)
+
+
+def _reinforce_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Row 0: rewards [0, 0, 1], three tokens. Row 1: one token with reward 0.5, then padding holding a stray
+    reward 7 that must not flow back into the response."""
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, 7.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    return rewards, mask
+
+
+def test_reinforce_plus_plus_discounts_then_whitens_over_the_batch():
+    # gamma 0.5. Row 0 returns, from the end: 1; 0 + 0.5 * 1 = 0.5; 0 + 0.5 * 0.5 = 0.25 -> [0.25, 0.5, 1]
+    # Row 1: t=2 gives 7 but the running return is reset by the mask (0) at t=2 and t=1 -> [0.5, 0, 0]
+    # valid returns 0.25, 0.5, 1, 0.5: mean 2.25 / 4 = 0.5625, deviations -0.3125, -0.0625, 0.4375, -0.0625,
+    # squares sum 0.296875, unbiased var 0.296875 / 3 = 0.0989583, std = sqrt(0.0989583 + 1e-8) = 0.3145765
+    # advantages: -0.9933992, -0.1986798, 1.3907589 | -0.1986798, 0, 0
+    rewards, mask = _reinforce_batch()
+    adv, ret = get_adv_estimator("reinforce_plus_plus")(rewards, mask, index=[0, 0], gamma=0.5, lam=0.95)
+    torch.testing.assert_close(ret, torch.tensor([[0.25, 0.5, 1.0], [0.5, 0.0, 0.0]]))
+    std = math.sqrt(0.296875 / 3 + 1e-8)
+    expected = torch.tensor([[-0.3125, -0.0625, 0.4375], [-0.0625, 0.0, 0.0]]) / std
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(adv[0], torch.tensor([-0.9933992, -0.1986798, 1.3907589]))
+
+
+def test_reinforce_plus_plus_gamma_defaults_to_one():
+    # gamma 1: row 0 returns [1, 1, 1], row 1 [0.5]: mean 3.5 / 4 = 0.875, deviations 0.125 x3, -0.375,
+    # unbiased var (3 * 0.015625 + 0.140625) / 3 = 0.0625, std 0.25 (+1e-8 inside) -> 0.5 x3, -1.5
+    rewards, mask = _reinforce_batch()
+    adv, _ = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, index=None)
+    torch.testing.assert_close(adv, torch.tensor([[0.5, 0.5, 0.5], [-1.5, 0.0, 0.0]]) / math.sqrt(1 + 1e-8 / 0.0625))
 
 
 # ---------------------------------------------------------------- KL penalty
@@ -341,3 +400,117 @@ def test_policy_loss_rejects_bad_dual_clip(clip_ratio_c):
     x = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="clip_ratio_c"):
         compute_policy_loss(x, x, x, torch.ones(1, 2), clip_ratio_c=clip_ratio_c)
+
+
+# ---------------------------------------------------------------- policy-loss registry and GSPO
+
+
+def test_policy_loss_registry():
+    assert get_policy_loss("vanilla") is compute_policy_loss
+    assert get_policy_loss("gspo") is compute_policy_loss_gspo
+    with pytest.raises(ValueError, match=r"unknown policy loss_mode 'x'; valid: \['gspo', 'vanilla'\]"):
+        get_policy_loss("x")
+    with pytest.raises(ValueError, match="already registered"):
+        register_policy_loss("gspo")(lambda *a: a)
+    assert sorted(POLICY_LOSSES) == ["gspo", "vanilla"]
+
+
+def _gspo_rows() -> tuple[torch.Tensor, ...]:
+    """Row 0: log-ratios 0.3, 0.1 (a third token masked, garbage 9), A = +1. Row 1: -0.2, 0, -0.1, A = -1."""
+    log_prob = torch.tensor([[0.3, 0.1, 9.0], [-0.2, 0.0, -0.1]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
+    return torch.zeros_like(log_prob), log_prob, adv, mask
+
+
+def test_gspo_clips_one_ratio_per_sequence():
+    # row 0: s = exp((0.3 + 0.1) / 2) = exp(0.2) = 1.2214028 > 1.2, A = +1: max(-1.2214, -1.2) = -1.2 on both
+    #   tokens (token-level PPO would clip token 0, ratio 1.35, but not token 1, ratio 1.105)
+    # row 1: s = exp((-0.2 + 0 - 0.1) / 3) = exp(-0.1) = 0.9048374 inside [0.8, 1.2], A = -1: +0.9048374 each
+    # seq-mean-token-mean: (-1.2 + 0.9048374) / 2 = -0.1475813
+    # gradient: row 0 clipped (constant) -> 0; row 1 each token: -A s (1/3 tokens)(1/2 rows) = 0.9048374 / 6
+    #   = 0.1508062, each token through its own log-prob (s * pi / sg(pi))
+    # pg_clipfrac: the 2 tokens of row 0 of 5 valid = 0.4; ppo_kl = -(0.3 + 0.1 - 0.2 + 0 - 0.1) / 5 = -0.02
+    old, log_prob, adv, mask = _gspo_rows()
+    log_prob.requires_grad_()
+    loss, metrics = get_policy_loss("gspo")(old, log_prob, adv, mask, loss_agg_mode="seq-mean-token-mean")
+    torch.testing.assert_close(loss, torch.tensor((-1.2 + math.exp(-0.1)) / 2, dtype=torch.float64))
+    loss.backward()
+    g = math.exp(-0.1) / 6
+    torch.testing.assert_close(log_prob.grad, torch.tensor([[0.0, 0.0, 0.0], [g, g, g]], dtype=torch.float64))
+    torch.testing.assert_close(metrics["pg_clipfrac"], torch.tensor(0.4, dtype=torch.float64))
+    torch.testing.assert_close(metrics["ppo_kl"], torch.tensor(-0.02, dtype=torch.float64))
+    assert metrics["pg_clipfrac_lower"] == 0
+    assert all(m.dim() == 0 and not m.requires_grad for m in metrics.values())
+
+
+def test_gspo_clip_higher_and_the_log_ratio_clamp():
+    # clip-higher 0.28: row 0's s = 1.2214 < 1.28 is no longer clipped -> -1.2214028 on both tokens
+    # token-mean over 5 tokens: (2 * -1.2214028 + 3 * 0.9048374) / 5 = 0.0543536
+    old, log_prob, adv, mask = _gspo_rows()
+    loss, metrics = compute_policy_loss_gspo(old, log_prob, adv, mask, clip_ratio_high=0.28, loss_agg_mode="token-mean")
+    expected = (2 * -math.exp(0.2) + 3 * math.exp(-0.1)) / 5
+    torch.testing.assert_close(loss, torch.tensor(expected, dtype=torch.float64))
+    assert metrics["pg_clipfrac"] == 0
+    # a mean log-ratio of 12 is clamped at 10: A = -1, max(e^10, 1.2) = e^10 = 22026.466 (and no dual clip)
+    big = torch.full((1, 2), 12.0, dtype=torch.float64)
+    loss, _ = compute_policy_loss_gspo(torch.zeros_like(big), big, -torch.ones_like(big), torch.ones_like(big))
+    torch.testing.assert_close(loss, torch.tensor(math.exp(10), dtype=torch.float64))
+
+
+# ---------------------------------------------------------------- rollout importance sampling
+
+
+def _rollout_rows() -> tuple[torch.Tensor, ...]:
+    """Row 0: old - rollout log-probs 0.5, -1, 0 (a fourth token masked). Row 1: one token 30 off."""
+    old = torch.tensor([[-1.0, -2.0, -0.5, 5.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    rollout = torch.tensor([[-1.5, -1.0, -0.5, 0.0], [-30.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    return old, rollout, mask
+
+
+def test_rollout_is_token_weights_are_truncated_ratios():
+    # row 0: exp(0.5) = 1.6487 -> 1.5 (threshold), exp(-1) = 0.3678794, exp(0) = 1, masked -> 0
+    # row 1: 30 is clamped to 20 first (exp stays finite), exp(20) -> 1.5; exp(0) = 1; masked -> 0
+    old, rollout, mask = _rollout_rows()
+    old.requires_grad_()
+    w = rollout_is_weights(old, rollout, mask, "token", threshold=1.5)
+    expected = torch.tensor([[1.5, math.exp(-1), 1.0, 0.0], [1.5, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(w, expected)
+    assert not w.requires_grad
+    # metrics over the 5 valid tokens 1.5, 0.3679, 1, 1.5, 1: mean 5.3678794 / 5 = 1.0735759, max 1.5,
+    # ESS share (sum w)^2 / (5 sum w^2) = 28.8141297 / (5 * 6.6353353) = 0.8685056, clamped 2 / 5
+    m = rollout_is_metrics(w, mask, threshold=1.5)
+    total, squares = 5 + math.exp(-1), 6.5 + math.exp(-2)
+    assert m["rollout_is/mean"] == pytest.approx(total / 5)
+    assert m["rollout_is/max"] == 1.5
+    assert m["rollout_is/eff_sample_size"] == pytest.approx(total**2 / (5 * squares))
+    assert m["rollout_is/eff_sample_size"] == pytest.approx(0.8685056, abs=1e-7)
+    assert m["rollout_is/clamped_share"] == pytest.approx(0.4)
+
+
+def test_rollout_is_sequence_weights_share_the_summed_log_ratio():
+    # row 0: 0.5 - 1 + 0 = -0.5 -> exp(-0.5) = 0.6065307 on each valid token (the masked 5 - 0 does not count)
+    # row 1: 30 + 0 = 30, clamped to 20, exp(20) truncated at 2 -> 2 on both tokens
+    old, rollout, mask = _rollout_rows()
+    w = rollout_is_weights(old, rollout, mask, "sequence", threshold=2.0)
+    a = math.exp(-0.5)
+    torch.testing.assert_close(w, torch.tensor([[a, a, a, 0.0], [2.0, 2.0, 0.0, 0.0]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="unknown rollout_is level 'geo'"):
+        rollout_is_weights(old, rollout, mask, "geo")
+
+
+@pytest.mark.parametrize("loss_mode", ["vanilla", "gspo"])
+def test_rollout_is_weights_multiply_each_tokens_policy_loss(loss_mode):
+    # the policy loss with weights w is the per-token losses times w, aggregated: check by weighting a loss whose
+    # per-token values are known. old = new (ratio 1, no clipping), A = [1, -2 | 3, 1] -> token losses -A;
+    # w = [2, 0.5 | 1, 0]: token-mean (-2 + 1 - 3 + 0) / 4 = -1; the gradient of a token is scaled by its w
+    log_prob = torch.zeros(2, 2, dtype=torch.float64, requires_grad=True)
+    adv = torch.tensor([[1.0, -2.0], [3.0, 1.0]], dtype=torch.float64)
+    w = torch.tensor([[2.0, 0.5], [1.0, 0.0]], dtype=torch.float64)
+    loss, _ = get_policy_loss(loss_mode)(
+        log_prob.detach(), log_prob, adv, torch.ones_like(adv), loss_agg_mode="token-mean", rollout_is_weights=w
+    )
+    torch.testing.assert_close(loss, torch.tensor(-1.0, dtype=torch.float64))
+    loss.backward()
+    torch.testing.assert_close(log_prob.grad, -adv * w / 4)

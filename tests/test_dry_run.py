@@ -85,7 +85,23 @@ INVALID = [
         "tensor model parallel size mismatch: actor=2, ref=4",
     ),
     (["algorithm.adv_estimator=gae"], "algorithm.adv_estimator=gae: not offered here: GAE, which needs a critic"),
-    (["algorithm.adv_estimator=grpoo"], "algorithm.adv_estimator='grpoo' is not valid; valid: ['grpo']"),
+    (
+        ["algorithm.adv_estimator=grpoo"],
+        "algorithm.adv_estimator='grpoo' is not valid; valid: ['grpo', 'rloo', 'reinforce_plus_plus']",
+    ),
+    (
+        ["actor_rollout_ref.actor.policy_loss.loss_mode=gsop"],
+        "actor_rollout_ref.actor.policy_loss.loss_mode='gsop' is not valid; valid: ['vanilla', 'gspo']",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_is=geo"],
+        "algorithm.rollout_correction.rollout_is='geo' is not valid; valid: [None, 'token', 'sequence']",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=0"],
+        "algorithm.rollout_correction.rollout_is_threshold=0.0 must be > 0",
+    ),
+    (["algorithm.gamma=1.5"], "algorithm.gamma=1.5 must be in [0, 1]"),
     (["actor_rollout_ref.actor.kl_loss_type=low_var"], "kl_loss_type='low_var' is not valid; valid: ["),
     (["actor_rollout_ref.actor.loss_agg_mode=mean"], "loss_agg_mode='mean' is not valid"),
     (["algorithm.group_size=1"], "needs at least 2 per prompt"),
@@ -158,6 +174,38 @@ def test_invalid_configurations_exit_2(overrides, message, capsys):
     assert message in err
     assert "Traceback" not in err
     assert "nothing was started" in err
+
+
+GSPO_TOKEN_MEAN = "policy_loss.loss_mode=gspo with loss_agg_mode=token-mean"
+FAMILY = [  # (overrides, what the dry run says: a note or a warning, or None)
+    (["algorithm.adv_estimator=rloo"], None),
+    (["algorithm.adv_estimator=reinforce_plus_plus", "algorithm.gamma=0.99"], None),
+    (["algorithm.gamma=0.99"], "note: algorithm.gamma=0.99: no effect with adv_estimator=grpo"),
+    (["algorithm.lam=0.95"], "note: algorithm.lam=0.95: no effect here: GAE's lambda"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=gspo"], f"warning: {GSPO_TOKEN_MEAN}"),
+    (
+        [
+            "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        ],
+        None,
+    ),
+    (["algorithm.rollout_correction.rollout_is=token"], None),
+    (["algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_is_threshold=5"], None),
+]
+
+
+@pytest.mark.parametrize("overrides,said", FAMILY, ids=[" ".join(o) for o, _ in FAMILY])
+def test_the_grpo_family_keys_pass_with_their_notes(overrides, said, capsys):
+    """Issue 16: rloo, reinforce_plus_plus, gspo and rollout importance sampling are settings, not refusals;
+    gamma and lam are noted where no estimator uses them, GSPO with a token-level aggregation is warned about."""
+    assert main(["train", "--config", BASE, *overrides, "--dry-run"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "dry run OK" in out
+    for line in ("note: algorithm.gamma", "note: algorithm.lam", f"warning: {GSPO_TOKEN_MEAN}"):
+        assert (line in out) == (said is not None and said.startswith(line)), line
+    if said is not None:
+        assert said in out
 
 
 def test_a_process_exits_2_without_a_traceback(tmp_path):

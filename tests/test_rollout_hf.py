@@ -146,6 +146,9 @@ def test_to_rollout_batch_layout_by_hand():
     assert batch.response_mask.tolist() == [[1, 1, 0], [1, 1, 1], [1, 0, 0], [0, 0, 0]]  # EOS (2) counts
     assert batch.responses.tolist() == [[31, 2, 0], [32, 33, 34], [41, 0, 0], [0, 0, 0]]
     assert batch.position_ids[2].tolist() == [0, 0, 0, 1, 1, 1]
+    # the engine's log-probs on the response grid, 0 past each response (for rollout importance sampling)
+    expected = torch.tensor([[-0.1, -0.2, 0.0], [-0.3, -0.4, -0.5], [-0.6, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(batch.rollout_log_probs, expected)
 
     fixed = to_rollout_batch(gen, pad_id=7, max_prompt_len=4, max_response_len=4)
     assert fixed.input_ids.shape == (4, 8) and fixed.response_mask.shape == (4, 4)

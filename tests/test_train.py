@@ -239,8 +239,9 @@ def test_unreadable_checkpoint_is_one_line_and_exit_2(tmp_path, capitals):
 def test_verl_integrations_in_one_run(tmp_path, capitals, monkeypatch):
     """A verl command line's keys in a 2-step run: custom_reward_function (verl's signature, extra_info from the
     row), trainer.logger=wandb (offline), override_config.model_config, token-budget log-prob passes, the guide's
-    optimizer spelling and keys of no effect here (one note each). The rewards are the file's, wandb holds
-    metrics.jsonl's rows, the saved trainer state carries the overridden config."""
+    optimizer spelling and keys of no effect here (one note each); and issue 16's keys: reinforce_plus_plus with a
+    discount, GSPO, rollout importance sampling by sequence. The rewards are the file's, wandb holds
+    metrics.jsonl's rows, the saved trainer state carries the overridden config, rollout_is/* is logged."""
     pytest.importorskip("wandb")
     from grpo_core.trainer.checkpoint import CheckpointManager, read_trainer_state
     from tests.support.wandb_log import read_run
@@ -273,6 +274,11 @@ def test_verl_integrations_in_one_run(tmp_path, capitals, monkeypatch):
         "actor_rollout_ref.rollout.mode=async",
         "actor_rollout_ref.actor.megatron.use_mbridge=True",
         "data.return_raw_chat=True",
+        "algorithm.adv_estimator=reinforce_plus_plus",
+        "algorithm.gamma=0.9",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        "algorithm.rollout_correction.rollout_is=sequence",
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "note: trainer.critic_warmup: no effect here: GRPO has no critic" in result.stderr
@@ -280,6 +286,9 @@ def test_verl_integrations_in_one_run(tmp_path, capitals, monkeypatch):
     assert [m["step"] for m in rows] == [0, 1, 2]
     assert rows[0]["val/reward_mean"] == 0.75  # the test split's score
     assert [m["reward/mean"] for m in rows[1:]] == [0.5, 0.5]  # the train split's score
+    for m in rows[1:]:  # the engine (hf, fp32) and the actor agree closely: weights near 1, none truncated
+        assert m["rollout_is/mean"] == pytest.approx(1.0, abs=1e-2) and m["rollout_is/clamped_share"] == 0
+        assert m["actor/grad_norm"] > 0  # equal scores, but gamma 0.9 makes REINFORCE++'s returns differ by position
 
     [wandb_file] = (tmp_path / "wandb_home").glob("wandb/offline-run-*/run-*.wandb")
     logged = read_run(wandb_file)

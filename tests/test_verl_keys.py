@@ -115,7 +115,7 @@ def test_verl_keys_of_no_effect_are_notes(capsys):
         ("algorithm.filter_groups.enable=True", "DAPO's dynamic sampling"),
         ("actor_rollout_ref.rollout.name=sglang", "the SGLang rollout engine"),
         ("algorithm.adv_estimator=gae", "GAE, which needs a critic"),
-        ("actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "the gspo policy loss"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov", "the clip_cov policy loss"),
         ("algorithm.kl_ctrl.type=adaptive", "the adaptive in-reward KL controller"),
         ("actor_rollout_ref.actor.ppo_micro_batch_size=64", "deprecated global micro-batch size"),
         ("actor_rollout_ref.model.path=deepseek-ai/DeepSeek-V3", "multi-head latent attention"),

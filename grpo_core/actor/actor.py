@@ -383,7 +383,14 @@ class MegatronActor:
                 lp, ent = self._response_log_probs(output, mb, entropy_grad)
                 rows = mb.rows
                 total, denom, metrics = grpo_loss(
-                    lp, ent, rows.old_log_probs, rows.advantages, rows.response_mask, rows.ref_log_probs, self.s.loss
+                    lp,
+                    ent,
+                    rows.old_log_probs,
+                    rows.advantages,
+                    rows.response_mask,
+                    rows.ref_log_probs,
+                    self.s.loss,
+                    rows.rollout_log_probs,
                 )
                 metrics["denominator"] = torch.tensor(float(denom))
                 return total * scale, torch.tensor(denom, dtype=torch.int, device=total.device), metrics

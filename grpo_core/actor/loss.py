@@ -1,4 +1,5 @@
-"""The actor's GRPO loss for one micro-batch: clipped policy loss + KL loss - entropy bonus.
+"""The actor's GRPO loss for one micro-batch: policy loss (``policy_loss.loss_mode``, optionally weighted by
+rollout importance weights) + KL loss - entropy bonus.
 
 Returned as (sum, denominator). The actor divides each sum by the denominators summed over the mini-batch's
 micro-batches and data-parallel ranks before the backward (megatron's ``calculate_per_token_loss``, with the
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_core.algos import agg_denominator, agg_loss, compute_policy_loss, kl_penalty
+from grpo_core.algos import agg_denominator, agg_loss, get_policy_loss, kl_penalty, rollout_is_weights
 
 
 @dataclass(frozen=True)
@@ -27,14 +28,25 @@ class LossSettings:
     # Dr.GRPO's constant C (seq-mean-token-sum-norm): one number for every micro-batch, so the update does not
     # depend on how the mini-batch is split; None falls back to the loss mask's width (see ``agg_loss``)
     loss_scale_factor: float | None = None
+    loss_mode: str = "vanilla"  # policy_loss.loss_mode: vanilla or gspo
+    rollout_is: str | None = None  # algorithm.rollout_correction.rollout_is: token, sequence or None (off)
+    rollout_is_threshold: float = 2.0
 
     @classmethod
     def from_config(cls, cfg) -> "LossSettings":
-        """From ``actor_rollout_ref.actor``; C is its ``loss_scale_factor``, else ``data.max_response_length``."""
-        actor = cfg.actor_rollout_ref.actor
-        settings = {name: getattr(actor, name) for name in cls.__dataclass_fields__ if name != "loss_scale_factor"}
+        """From ``actor_rollout_ref.actor``; C is its ``loss_scale_factor``, else ``data.max_response_length``;
+        the policy loss from its ``policy_loss``; rollout importance sampling from ``algorithm.rollout_correction``."""
+        actor, correction = cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction
+        elsewhere = ("loss_scale_factor", "loss_mode", "rollout_is", "rollout_is_threshold")
+        settings = {name: getattr(actor, name) for name in cls.__dataclass_fields__ if name not in elsewhere}
         scale = actor.loss_scale_factor
-        return cls(**settings, loss_scale_factor=float(cfg.data.max_response_length if scale is None else scale))
+        return cls(
+            **settings,
+            loss_scale_factor=float(cfg.data.max_response_length if scale is None else scale),
+            loss_mode=actor.policy_loss.loss_mode,
+            rollout_is=correction.rollout_is,
+            rollout_is_threshold=correction.rollout_is_threshold,
+        )
 
 
 def grpo_loss(
@@ -45,11 +57,19 @@ def grpo_loss(
     response_mask: torch.Tensor,
     ref_log_prob: torch.Tensor | None,
     s: LossSettings,
+    rollout_log_prob: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int, dict[str, torch.Tensor]]:
-    """All tensors [b, R]. Returns (loss sum, denominator, metric sums weighted by the denominator)."""
+    """All tensors [b, R]. Returns (loss sum, denominator, metric sums weighted by the denominator).
+    ``rollout_log_prob`` (the engine's log-probs of the sampled tokens) is needed with ``s.rollout_is``; its
+    weights need only this micro-batch's rows, each whole (the actor never splits a row)."""
     mask = response_mask.to(log_prob.dtype)
     mode = s.loss_agg_mode
-    pg, pg_metrics = compute_policy_loss(
+    weights = None
+    if s.rollout_is is not None:
+        if rollout_log_prob is None:
+            raise ValueError("rollout_correction.rollout_is needs the rollout engine's log-probs (rollout_log_probs)")
+        weights = rollout_is_weights(old_log_prob, rollout_log_prob, mask, s.rollout_is, s.rollout_is_threshold)
+    pg, pg_metrics = get_policy_loss(s.loss_mode)(
         old_log_prob,
         log_prob,
         advantages,
@@ -61,6 +81,7 @@ def grpo_loss(
         mode,
         denominator=1.0,
         loss_scale_factor=s.loss_scale_factor,
+        rollout_is_weights=weights,
     )
     total = pg
     metrics = {"actor/pg_loss": pg.detach()}

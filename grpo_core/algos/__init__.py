@@ -1,25 +1,47 @@
-"""Core RL math for GRPO: advantage estimators, KL penalties, policy loss and loss aggregation."""
+"""Core RL math for GRPO and its family: advantage estimators, KL penalties, policy losses, loss aggregation,
+reward shaping and rollout importance sampling."""
 
 from grpo_core.algos.advantage import (
     ADV_ESTIMATORS,
     compute_grpo_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_rloo_outcome_advantage,
     get_adv_estimator,
     register_adv_estimator,
 )
 from grpo_core.algos.kl import KL_PENALTY_TYPES, kl_penalty
-from grpo_core.algos.policy_loss import LOSS_AGG_MODES, agg_denominator, agg_loss, compute_policy_loss
+from grpo_core.algos.policy_loss import (
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    agg_denominator,
+    agg_loss,
+    compute_policy_loss,
+    compute_policy_loss_gspo,
+    get_policy_loss,
+    register_policy_loss,
+)
+from grpo_core.algos.rollout_correction import ROLLOUT_IS_LEVELS, rollout_is_metrics, rollout_is_weights
 from grpo_core.algos.shaping import overlong_penalty
 
 __all__ = [
     "ADV_ESTIMATORS",
     "KL_PENALTY_TYPES",
     "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
+    "ROLLOUT_IS_LEVELS",
     "agg_denominator",
     "agg_loss",
     "compute_grpo_outcome_advantage",
     "compute_policy_loss",
+    "compute_policy_loss_gspo",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_rloo_outcome_advantage",
     "get_adv_estimator",
+    "get_policy_loss",
     "kl_penalty",
     "overlong_penalty",
     "register_adv_estimator",
+    "register_policy_loss",
+    "rollout_is_metrics",
+    "rollout_is_weights",
 ]

@@ -1,4 +1,10 @@
-"""PPO/GRPO clipped policy-gradient loss and the loss aggregation modes."""
+"""Policy-gradient losses (verl's ``policy_loss.loss_mode``) and the loss aggregation modes.
+
+Losses live in a name -> function registry like the advantage estimators; each is called like
+``compute_policy_loss`` and returns (scalar loss, metrics of 0-dim detached tensors).
+"""
+
+from collections.abc import Callable
 
 import torch
 
@@ -67,6 +73,42 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return ((values * mask).sum() / mask.sum().clamp(min=1)).detach()
 
 
+PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Decorator adding a loss under ``name``; a taken name is an error, not a silent override."""
+
+    def decorator(fn: PolicyLoss) -> PolicyLoss:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss_mode {name!r} is already registered")
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss_mode {name!r}; valid: {sorted(POLICY_LOSSES)}")
+    return POLICY_LOSSES[name]
+
+
+def _bounds(clip_ratio: float, clip_ratio_low: float | None, clip_ratio_high: float | None) -> tuple[float, float]:
+    """(low, high) clip epsilons: each side's own, else the symmetric ``clip_ratio``."""
+    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    return low, high
+
+
+def _weighted(losses: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
+    """Each token's loss times its (detached) rollout importance weight, when rollout correction is on."""
+    return losses if rollout_is_weights is None else losses * rollout_is_weights.detach()
+
+
+@register_policy_loss("vanilla")
 def compute_policy_loss(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -79,6 +121,7 @@ def compute_policy_loss(
     loss_agg_mode: str = "token-mean",
     denominator: float | torch.Tensor | None = None,
     loss_scale_factor: float | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate loss with clip-higher bounds and dual clip; all inputs [batch, response_len].
 
@@ -86,12 +129,12 @@ def compute_policy_loss(
     -A * clip_ratio_c, so one token whose probability exploded cannot dominate the batch.
     Returns (scalar loss, metrics of 0-dim detached tensors: pg_clipfrac, ppo_kl, pg_clipfrac_lower).
     ``denominator`` and ``loss_scale_factor`` are passed to ``agg_loss`` (a global normaliser for
-    micro-batched training; Dr.GRPO's constant).
+    micro-batched training; Dr.GRPO's constant). ``rollout_is_weights`` [batch, response_len] multiply each
+    token's loss (truncated importance sampling against the rollout engine, ``rollout_correction``).
     """
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1.0, got {clip_ratio_c}")
-    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
-    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    low, high = _bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
 
     neg_kl = (log_prob - old_log_prob).clamp(-20, 20)  # clamp keeps exp() finite
     ratio = neg_kl.exp()
@@ -102,10 +145,55 @@ def compute_policy_loss(
     negative = advantages < 0
     losses = torch.where(negative, torch.minimum(clipped, loss3), clipped)
 
-    pg_loss = agg_loss(losses, response_mask, loss_agg_mode, denominator, loss_scale_factor)
+    pg_loss = agg_loss(
+        _weighted(losses, rollout_is_weights), response_mask, loss_agg_mode, denominator, loss_scale_factor
+    )
     metrics = {
         "pg_clipfrac": _masked_mean((loss2 > loss1).float(), response_mask),
         "ppo_kl": _masked_mean(-neg_kl, response_mask),
         "pg_clipfrac_lower": _masked_mean(((clipped > loss3) & negative).float(), response_mask),
+    }
+    return pg_loss, metrics
+
+
+@register_policy_loss("gspo")
+def compute_policy_loss_gspo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    denominator: float | torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO (Zheng et al. 2025): one importance ratio per sequence, s = exp(mean over its valid tokens of
+    log pi - log pi_old), so a single token's noise cannot clip (or not) on its own. Each token carries
+    s * pi / sg(pi): its value is s, its gradient flows through that token's log-prob. The log-ratio is clamped
+    at 10; loss = max(-A s, -A clip(s, 1 - low, 1 + high)); no dual clip (``clip_ratio_c`` is unused).
+    Needs each sequence whole in one call (the actor never splits a row over micro-batches). Arguments and
+    metrics as ``compute_policy_loss`` (pg_clipfrac_lower is 0); verl recommends seq-mean-token-mean.
+    """
+    low, high = _bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
+    neg_kl = log_prob - old_log_prob
+    lengths = response_mask.sum(dim=-1).clamp(min=1)
+    seq_neg_kl = (neg_kl * response_mask).sum(dim=-1) / lengths
+    log_ratio = (log_prob - log_prob.detach() + seq_neg_kl.detach().unsqueeze(-1)).clamp(max=10.0)
+    ratio = log_ratio.exp()
+    loss1 = -advantages * ratio
+    loss2 = -advantages * ratio.clamp(1 - low, 1 + high)
+    losses = torch.maximum(loss1, loss2)
+
+    pg_loss = agg_loss(
+        _weighted(losses, rollout_is_weights), response_mask, loss_agg_mode, denominator, loss_scale_factor
+    )
+    metrics = {
+        "pg_clipfrac": _masked_mean((loss2 > loss1).float(), response_mask),
+        "ppo_kl": _masked_mean(-neg_kl, response_mask),
+        "pg_clipfrac_lower": torch.zeros((), device=log_prob.device),
     }
     return pg_loss, metrics

@@ -111,7 +111,11 @@ class RefMegatronConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: str = setting("vanilla", "policy-gradient loss: PPO's clipped ratio with dual clip", ("vanilla",))
+    loss_mode: str = setting(
+        "vanilla",
+        "policy-gradient loss: vanilla (PPO's clipped token ratio with dual clip) or gspo (one clipped ratio per "
+        "sequence, the geometric mean of its tokens'; pair it with loss_agg_mode=seq-mean-token-mean)",
+    )
 
 
 @dataclass
@@ -222,12 +226,27 @@ class KLControlConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    rollout_is: str | None = setting(
+        None,
+        "truncated importance sampling against the rollout engine's log-probs: token, sequence or null (off); "
+        "each token's policy loss is weighted by min(pi_old / pi_rollout, rollout_is_threshold)",
+    )
+    rollout_is_threshold: float = setting(2.0, "upper bound of the rollout importance weights")
+
+
+@dataclass
 class AlgorithmConfig:
-    adv_estimator: str = setting("grpo", "advantage estimator")
+    adv_estimator: str = setting("grpo", "advantage estimator: grpo, rloo or reinforce_plus_plus")
     norm_adv_by_std_in_grpo: bool = setting(True, "divide by the group's std (false: Dr.GRPO)")
+    gamma: float = setting(1.0, "discount of the token-level rewards' returns (reinforce_plus_plus)")
+    lam: float = setting(1.0, "GAE lambda: no estimator offered here uses it")
     use_kl_in_reward: bool = setting(False, "subtract a KL penalty from the reward (GRPO uses the KL loss)")
     kl_penalty: str = setting("kl", "KL estimator of the in-reward penalty")
     kl_ctrl: KLControlConfig = section(KLControlConfig, "in-reward KL coefficient control")
+    rollout_correction: RolloutCorrectionConfig = section(
+        RolloutCorrectionConfig, "correction of the training-inference mismatch (rollout importance sampling)"
+    )
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from grpo_core.algos import ADV_ESTIMATORS, KL_PENALTY_TYPES, LOSS_AGG_MODES
+from grpo_core.algos import ADV_ESTIMATORS, KL_PENALTY_TYPES, LOSS_AGG_MODES, POLICY_LOSSES, ROLLOUT_IS_LEVELS
 from grpo_core.config.schema import GRPOConfig, iter_settings
 from grpo_core.config.verl_keys import REFUSED_VALUES
 from grpo_core.models.shape import HF_OVERRIDE_SECTION, ModelShape
@@ -119,6 +119,8 @@ def _check_choices(cfg: GRPOConfig, r: Report) -> None:
             r.errors.append(_invalid_choice(key, _get(cfg, key), choices))
     registries = [
         ("algorithm.adv_estimator", ADV_ESTIMATORS),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", POLICY_LOSSES),
+        ("algorithm.rollout_correction.rollout_is", (None, *ROLLOUT_IS_LEVELS)),
         ("actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES),
         ("actor_rollout_ref.actor.kl_loss_type", KL_PENALTY_TYPES),
         ("algorithm.kl_penalty", KL_PENALTY_TYPES),
@@ -169,8 +171,35 @@ def _check_algorithm(cfg: GRPOConfig, r: Report) -> None:
             "training phases, as verl's hybrid engine does in either mode"
         )
     _check_overlong_buffer(cfg, r)
+    _check_estimator_and_loss(cfg, r)
     if cfg.reward_model.enable:
         r.errors.append("reward_model.enable=true: learned reward models are not supported; rule rewards only")
+
+
+def _check_estimator_and_loss(cfg: GRPOConfig, r: Report) -> None:
+    """The GRPO family's options: discounting only where an estimator discounts, GSPO with its aggregation,
+    rollout importance weights with a positive bound."""
+    algo, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
+    if algo.lam != 1.0:
+        r.notes.append(
+            f"algorithm.lam={algo.lam}: no effect here: GAE's lambda, and no estimator offered here uses GAE"
+        )
+    if algo.gamma != 1.0 and algo.adv_estimator != "reinforce_plus_plus":
+        r.notes.append(
+            f"algorithm.gamma={algo.gamma}: no effect with adv_estimator={algo.adv_estimator} "
+            "(only reinforce_plus_plus discounts its returns)"
+        )
+    if not 0 <= algo.gamma <= 1:
+        r.errors.append(f"algorithm.gamma={algo.gamma} must be in [0, 1]")
+    mode = actor.loss_agg_mode
+    if actor.policy_loss.loss_mode == "gspo" and mode != "seq-mean-token-mean":
+        r.warnings.append(
+            f"policy_loss.loss_mode=gspo with loss_agg_mode={mode}: GSPO's objective averages each sequence's "
+            "tokens then the sequences; verl recommends actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"
+        )
+    threshold = algo.rollout_correction.rollout_is_threshold
+    if algo.rollout_correction.rollout_is is not None and threshold <= 0:
+        r.errors.append(f"algorithm.rollout_correction.rollout_is_threshold={threshold} must be > 0")
 
 
 def _check_overlong_buffer(cfg: GRPOConfig, r: Report) -> None:

@@ -292,11 +292,6 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
     ),
     # ---- algorithm -------------------------------------------------------------------------------------
     *_ignored(
-        "the discount and GAE lambda of critic-based and REINFORCE++ estimators: GRPO's outcome advantage has none",
-        "algorithm.gamma",
-        "algorithm.lam",
-    ),
-    *_ignored(
         "used only by kl_ctrl.type=adaptive, which is not offered",
         "algorithm.kl_ctrl.horizon",
         "algorithm.kl_ctrl.target_kl",
@@ -306,15 +301,17 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
     *_refused("DAPO's dynamic sampling (filter_groups)", "algorithm.filter_groups.enable", off=(False,)),
     *_ignored("used only with filter_groups.enable", "algorithm.filter_groups.*"),
     *_refused(
-        "rollout importance sampling / rejection sampling (rollout_correction)",
-        "algorithm.rollout_correction.rollout_is",
+        "rollout rejection sampling, bypass mode and batch-normalized weights (rollout_correction)",
         "algorithm.rollout_correction.rollout_rs",
         "algorithm.rollout_correction.bypass_mode",
         "algorithm.rollout_correction.use_policy_gradient",
         "algorithm.rollout_correction.rollout_is_batch_normalize",
         off=(None, False),
     ),
-    *_ignored("used only with rollout_correction.rollout_is / rollout_rs", "algorithm.rollout_correction.*"),
+    *_ignored(
+        "used only with rollout_correction.rollout_rs / bypass_mode, which are not offered",
+        "algorithm.rollout_correction.*",
+    ),
     # ---- reward --------------------------------------------------------------------------------------------
     *_ignored("rewards are computed in the trainer's process", "reward_model.launch_reward_fn_async"),
     *_ignored(
@@ -397,11 +394,11 @@ REFUSED_VALUES: dict[tuple[str, Any], str] = {
     ("algorithm.adv_estimator", "gae"): "GAE, which needs a critic (value model)",
     **{
         ("algorithm.adv_estimator", name): f"the {name} advantage estimator"
-        for name in ("rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "grpo_passk", "gpg")
+        for name in ("reinforce_plus_plus_baseline", "remax", "opo", "grpo_passk", "gpg")
     },
     **{
         (f"{ARR}.actor.policy_loss.loss_mode", name): f"the {name} policy loss"
-        for name in ("gspo", "clip_cov", "kl_cov", "gpg", "geo_mean", "cispo")
+        for name in ("clip_cov", "kl_cov", "gpg", "geo_mean", "cispo")
     },
     ("algorithm.kl_ctrl.type", "adaptive"): "the adaptive in-reward KL controller",
     ("reward_model.reward_manager", "prime"): "PRIME's reward manager",

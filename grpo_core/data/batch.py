@@ -17,6 +17,7 @@ class RolloutBatch:
     old_log_probs: torch.Tensor | None = None  # [B, R] behaviour policy (the actor before this step's update)
     ref_log_probs: torch.Tensor | None = None  # [B, R] frozen reference policy, for the KL term
     advantages: torch.Tensor | None = None  # [B, R]
+    rollout_log_probs: torch.Tensor | None = None  # [B, R] the engine's log-probs of the sampled tokens (0: padding)
 
     @property
     def batch_size(self) -> int:

@@ -125,6 +125,7 @@ def to_rollout_batch(
     P and R default to the longest prompt and response; fixed values give every step the same shapes.
     Anything longer than them raises rather than being cut, since a cut prompt or response would be
     trained on as if it were whole. response_mask is 1 on every generated token, EOS included.
+    rollout_log_probs are the engine's log-probs of the sampled tokens (for rollout importance sampling).
     """
     longest_prompt = max((len(p) for p in gen.prompt_ids), default=0)
     longest_response = max((len(r) for r in gen.response_ids), default=0)
@@ -139,10 +140,12 @@ def to_rollout_batch(
     input_ids = torch.full((B, P + R), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, P + R), dtype=torch.long)
     response_mask = torch.zeros((B, R), dtype=torch.long)
+    rollout_log_probs = torch.zeros((B, R), dtype=torch.float32)
     for row, (group, response) in enumerate(zip(gen.group_index, gen.response_ids, strict=True)):
         prompt = gen.prompt_ids[group]
         input_ids[row, P - len(prompt) : P] = torch.tensor(prompt, dtype=torch.long)
         input_ids[row, P : P + len(response)] = torch.tensor(response, dtype=torch.long)
         attention_mask[row, P - len(prompt) : P + len(response)] = 1
         response_mask[row, : len(response)] = 1
-    return RolloutBatch(input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask)
+        rollout_log_probs[row, : len(response)] = torch.tensor(gen.response_log_probs[row], dtype=torch.float32)
+    return RolloutBatch(input_ids, attention_mask, response_mask, rollout_log_probs=rollout_log_probs)

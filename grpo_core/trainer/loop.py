@@ -130,15 +130,13 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                         ref.offload_to_host(params=True)
 
             scores, shaping_metrics = shaped_scores(rollouts, cfg)
+            correction = cfg.algorithm.rollout_correction
             token_rewards = token_level_rewards(scores, batch.response_mask)
             if cfg.algorithm.use_kl_in_reward:
                 kl = kl_penalty(batch.old_log_probs, batch.ref_log_probs, cfg.algorithm.kl_penalty)
                 token_rewards = token_rewards - cfg.algorithm.kl_ctrl.kl_coef * kl * batch.response_mask
             batch.advantages, _ = get_adv_estimator(cfg.algorithm.adv_estimator)(
-                token_rewards,
-                batch.response_mask,
-                index=rollouts.gen.group_index,
-                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+                token_rewards, batch.response_mask, index=rollouts.gen.group_index, **advantage_options(cfg)
             )
 
             with timed(timings, "update", diag):
@@ -154,7 +152,8 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             step_metrics = {
                 **M.rollout_metrics(rollouts.gen, rollouts.scores, batch, cfg.reward_model.score),
                 **shaping_metrics,
-                **M.log_prob_metrics(batch, entropy, rollouts.gen),
+                **M.log_prob_metrics(batch, entropy),
+                **M.rollout_correction_metrics(batch, correction.rollout_is, correction.rollout_is_threshold),
                 **update_metrics,
                 **M.timing_metrics(timings),
                 **M.throughput_metrics(batch, timings, shape, dist.get_world_size()),
@@ -239,6 +238,12 @@ def shaped_scores(rollouts: Rollouts, cfg: GRPOConfig) -> tuple[list[float], dic
         "reward/overlong_share": (penalty < 0).double().mean().item(),
     }
     return scores, metrics
+
+
+def advantage_options(cfg: GRPOConfig) -> dict:
+    """The keyword options every advantage estimator is called with; each takes those it uses."""
+    algo = cfg.algorithm
+    return {"norm_adv_by_std_in_grpo": algo.norm_adv_by_std_in_grpo, "gamma": algo.gamma, "lam": algo.lam}
 
 
 def token_level_rewards(scores: list[float], response_mask: torch.Tensor) -> torch.Tensor:

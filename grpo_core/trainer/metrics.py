@@ -4,6 +4,7 @@ import resource
 
 import torch
 
+from grpo_core.algos import rollout_is_metrics, rollout_is_weights
 from grpo_core.data.batch import RolloutBatch
 from grpo_core.models.shape import ModelShape
 from grpo_core.rollout.base import Generation
@@ -33,18 +34,24 @@ def rollout_metrics(gen: Generation, scores: list[float], batch: RolloutBatch, f
     }
 
 
-def log_prob_metrics(batch: RolloutBatch, entropy: torch.Tensor, gen: Generation) -> dict[str, float]:
+def log_prob_metrics(batch: RolloutBatch, entropy: torch.Tensor) -> dict[str, float]:
     """The rollout engine's log-probs against the actor's: a large gap means the weight sync is broken."""
     mask = batch.response_mask.bool()
-    rollout_lp = torch.zeros_like(batch.old_log_probs)
-    for row, lp in enumerate(gen.response_log_probs):
-        rollout_lp[row, : len(lp)] = torch.tensor(lp)
-    diff = (rollout_lp - batch.old_log_probs).abs()[mask]
+    diff = (batch.rollout_log_probs - batch.old_log_probs).abs()[mask]
     return {
         "actor/entropy_before_update": entropy[mask].mean().item(),
         "rollout/log_prob_diff_mean": diff.mean().item(),
         "rollout/log_prob_diff_max": diff.max().item(),
     }
+
+
+def rollout_correction_metrics(batch: RolloutBatch, level: str | None, threshold: float) -> dict[str, float]:
+    """``rollout_is/*`` of the step's importance weights (the update recomputes the same ones per micro-batch:
+    they depend only on the old and the rollout log-probs); nothing when rollout_is is off."""
+    if level is None:
+        return {}
+    weights = rollout_is_weights(batch.old_log_probs, batch.rollout_log_probs, batch.response_mask, level, threshold)
+    return rollout_is_metrics(weights, batch.response_mask, threshold)
 
 
 def timing_metrics(timings: dict[str, float]) -> dict[str, float]:

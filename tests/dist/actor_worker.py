@@ -1,9 +1,10 @@
 """Run by torchrun from tests/test_actor.py: one GRPO update on fixed synthetic rollouts, per layout.
 
 Every layout loads the same Hugging Face checkpoint and sees the same batch, so loss, grad norm and
-log-probs must agree across TP/PP/DP. With ``--sweep-out``, the same process then runs one update per loss
-aggregation mode x micro-batch size x rows-or-token-budget at TP1 PP1 (DP = the world size), each from the
-same weights, and the log-probs at each micro-batching. Rank 0 writes the results as JSON.
+log-probs must agree across TP/PP/DP. With ``--sweep-out``, the same process then runs one update per sweep case
+(each loss aggregation mode; GSPO; rollout importance sampling by token and by sequence) x micro-batch size x
+rows-or-token-budget at TP1 PP1 (DP = the world size), each from the same weights, and the log-probs at each
+micro-batching. Rank 0 writes the results as JSON.
 """
 
 import argparse
@@ -26,9 +27,20 @@ SWEEP_ROWS = (2, 4, 8)  # micro-batch rows; at DP2 a rank's 4 rows are one micro
 SWEEP_TOKENS_PER_ROW = 9  # its token-budget twin: 9 x rows tokens, padding counted (rows are 9-11 wide)
 
 
-def sweep_loss(mode: str) -> LossSettings:
-    """The sweep's loss: the layouts' with another aggregation, and a Dr.GRPO constant that is not the width 5."""
-    return dataclasses.replace(LOSS, loss_agg_mode=mode, loss_scale_factor=8.0)
+SWEEP_VARIANTS = {  # issue 16: the GRPO family's per-sequence and reweighted losses
+    # sequence ratios 0.89-1.18 here: clip 0.08 clips 2 of the 8 rows (3% and 2.6% past the bounds), not all
+    "gspo": {"loss_mode": "gspo", "loss_agg_mode": "seq-mean-token-mean", "clip_ratio": 0.08},
+    "is-token": {"rollout_is": "token", "rollout_is_threshold": 1.5},
+    "is-sequence": {"rollout_is": "sequence", "rollout_is_threshold": 1.5},
+}
+SWEEP_CASES = (*LOSS_AGG_MODES, *SWEEP_VARIANTS)
+
+
+def sweep_loss(case: str) -> LossSettings:
+    """The sweep's loss: the layouts' with another aggregation (or one of the variants), and a Dr.GRPO constant
+    that is not the width 5."""
+    variant = SWEEP_VARIANTS.get(case, {"loss_agg_mode": case})
+    return dataclasses.replace(LOSS, loss_scale_factor=8.0, **variant)
 
 
 def sweep_micro_batching() -> list[tuple[str, int, int | None]]:
@@ -55,11 +67,14 @@ def synthetic_batch(vocab: int, rows: int = 8, prompt: int = 6, response: int = 
 
 
 def with_old_and_ref(batch: RolloutBatch, log_probs: torch.Tensor) -> RolloutBatch:
-    """Behaviour and reference log-probs a little off the current policy, so clipping and KL do something."""
+    """Behaviour, reference and rollout-engine log-probs a little off the current policy, so clipping, KL and the
+    importance weights (some truncated at 1.5) do something."""
     g = torch.Generator().manual_seed(99)
     noise = torch.randn(log_probs.shape, generator=g) * 0.3
     batch.old_log_probs = (log_probs + noise) * batch.response_mask
     batch.ref_log_probs = (log_probs - noise.abs()) * batch.response_mask
+    engine_noise = torch.randn(log_probs.shape, generator=g) * 0.5
+    batch.rollout_log_probs = (batch.old_log_probs + engine_noise) * batch.response_mask
     return batch
 
 
@@ -77,12 +92,12 @@ def sweep(hf_dir: str, shape, world: int) -> dict:
     for name, rows, tokens in sweep_micro_batching():
         out["log_probs"][name] = policy.compute_log_prob(batch, rows, tokens)[0].tolist()
     batch = with_old_and_ref(batch, torch.tensor(out["log_probs"]["8"]))
-    for mode in LOSS_AGG_MODES:
+    for case in SWEEP_CASES:
         for name, rows, tokens in sweep_micro_batching():
             policy.s = dataclasses.replace(
-                base, micro_batch_rows=rows, micro_batch_tokens=tokens, loss=sweep_loss(mode)
+                base, micro_batch_rows=rows, micro_batch_tokens=tokens, loss=sweep_loss(case)
             )
-            out["updates"][f"{mode}/{name}"] = policy.update(batch)
+            out["updates"][f"{case}/{name}"] = policy.update(batch)
             with torch.no_grad():
                 for p, w in zip(params, start, strict=True):
                     p.copy_(w)
