@@ -79,6 +79,7 @@ def test_grpo_learns_the_capitals_task(tmp_path, capitals):
     assert len(rewards) == steps
     assert rewards[0] < 0.2, rewards
     assert sum(rewards[-3:]) / 3 > 0.8, rewards
+    assert metrics(run)[0]["batch/groups_with_signal"] > 0  # the capitals reward is graded: groups differ
     # The engine samples from the weights the actor has just trained: its log-probs are the actor's.
     assert max(m["rollout/log_prob_diff_max"] for m in metrics(run)) < 1e-3
 
@@ -282,10 +283,13 @@ def test_verl_integrations_in_one_run(tmp_path, capitals, monkeypatch):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "note: trainer.critic_warmup: no effect here: GRPO has no critic" in result.stderr
+    # the file's reward is one value per split: no group has a signal, which the run says once
+    assert result.stderr.count("every prompt's responses got the same reward") == 1, result.stderr[-3000:]
     rows = metrics(run)
     assert [m["step"] for m in rows] == [0, 1, 2]
     assert rows[0]["val/reward_mean"] == 0.75  # the test split's score
     assert [m["reward/mean"] for m in rows[1:]] == [0.5, 0.5]  # the train split's score
+    assert [m["batch/groups_with_signal"] for m in rows[1:]] == [0.0, 0.0]
     for m in rows[1:]:  # the engine (hf, fp32) and the actor agree closely: weights near 1, none truncated
         assert m["rollout_is/mean"] == pytest.approx(1.0, abs=1e-2) and m["rollout_is/clamped_share"] == 0
         assert m["actor/grad_norm"] > 0  # equal scores, but gamma 0.9 makes REINFORCE++'s returns differ by position
@@ -299,3 +303,11 @@ def test_verl_integrations_in_one_run(tmp_path, capitals, monkeypatch):
 
     state = read_trainer_state(CheckpointManager(run / "checkpoints", -1).latest())
     assert state["hf_config"]["max_position_embeddings"] == 1024
+
+
+def test_groups_with_signal_by_hand():
+    from grpo_core.trainer.metrics import groups_with_signal
+
+    # group 0: scores 1, 0, 0 differ; group 1: 0, 0 do not; group 2 has one response: no peer to differ from
+    assert groups_with_signal([1.0, 0.0, 0.0, 0.0, 0.0, 1.0], [0, 0, 0, 1, 1, 2]) == pytest.approx(1 / 3)
+    assert groups_with_signal([0.5] * 4, [0, 0, 1, 1]) == 0.0

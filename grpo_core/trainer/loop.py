@@ -45,6 +45,14 @@ class Rollouts:
     scores: list[float]  # one per response
 
 
+NO_SIGNAL = (
+    "step %d: every prompt's responses got the same reward, so every GRPO advantage is 0 and the step changes "
+    "nothing (batch/groups_with_signal = 0; said once). Remedies: a longer data.max_response_length (a cut-off "
+    "answer scores 0), a reward for the format alone (reward_model.format_score), more responses per prompt "
+    "(rollout.n) or a higher temperature, or prompts the model can already solve sometimes"
+)
+
+
 def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
     """Run the configured number of steps (resuming if a checkpoint is there); the last step's metrics."""
     arr, model_cfg = cfg.actor_rollout_ref, cfg.actor_rollout_ref.model
@@ -110,6 +118,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             max_new_tokens=d.max_response_length,
         )
         step_metrics: dict[str, float] = {}
+        warned_no_signal = False
         for step in tracker.progress(range(start_step, total_steps), total=total_steps, start=start_step):
             timings: dict[str, float] = {}
             M.reset_peak_memory()
@@ -130,6 +139,10 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                         ref.offload_to_host(params=True)
 
             scores, shaping_metrics = shaped_scores(rollouts, cfg)
+            signal = M.groups_with_signal(scores, rollouts.gen.group_index)
+            if signal == 0 and not warned_no_signal and rank == 0:
+                logger.warning(NO_SIGNAL, step + 1)
+                warned_no_signal = True
             correction = cfg.algorithm.rollout_correction
             token_rewards = token_level_rewards(scores, batch.response_mask)
             if cfg.algorithm.use_kl_in_reward:
@@ -152,6 +165,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             step_metrics = {
                 **M.rollout_metrics(rollouts.gen, rollouts.scores, batch, cfg.reward_model.score),
                 **shaping_metrics,
+                "batch/groups_with_signal": signal,
                 **M.log_prob_metrics(batch, entropy),
                 **M.rollout_correction_metrics(batch, correction.rollout_is, correction.rollout_is_threshold),
                 **update_metrics,

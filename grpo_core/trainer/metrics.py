@@ -17,6 +17,15 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def groups_with_signal(scores: list[float], group_index: list[int]) -> float:
+    """Share of prompt groups whose responses' scores differ: a group of equal scores has advantage 0 for every
+    response, so GRPO learns nothing from it."""
+    groups: dict[int, set[float]] = {}
+    for score, group in zip(scores, group_index, strict=True):
+        groups.setdefault(group, set()).add(score)
+    return _mean([len(values) > 1 for values in groups.values()])
+
+
 def rollout_metrics(gen: Generation, scores: list[float], batch: RolloutBatch, full_score: float) -> dict[str, float]:
     lengths = [len(r) for r in gen.response_ids]
     t = torch.tensor(scores, dtype=torch.float64)
