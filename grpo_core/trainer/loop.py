@@ -8,7 +8,6 @@ own model, so it lives on every rank (each runs its TP shard) and has no weights
 logs and writes files.
 """
 
-import json
 import logging
 import time
 from contextlib import contextmanager, nullcontext
@@ -26,7 +25,7 @@ from grpo_core.config.validate import actor_layout
 from grpo_core.data.prompts import Prompt, PromptSampler, load_prompts
 from grpo_core.diagnostics import RunDiagnostics
 from grpo_core.models.bridge import gather_hf_weights
-from grpo_core.models.shape import ModelShape, hf_overrides, model_weights_dir, with_overrides
+from grpo_core.models.shape import ModelShape, hf_overrides, model_weights_dir, read_hf_config, with_overrides
 from grpo_core.rewards import Scorer, build_scorer
 from grpo_core.rollout import Generation, SamplingSettings, build_engine, to_rollout_batch
 from grpo_core.rollout.hf import load_tokenizer
@@ -95,9 +94,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
         if resume_from is not None or _engine_starts_empty(cfg):
             sync_weights(actor, engine, shape, cfg)  # the engine holds the initial weights, or none
         trainer_state = {
-            "hf_config": with_overrides(
-                json.loads((model_dir / "config.json").read_text()), hf_overrides(model_cfg.override_config)
-            ),
+            "hf_config": with_overrides(read_hf_config(str(model_dir)), hf_overrides(model_cfg.override_config)),
             "dtype": settings.dtype,
             "tokenizer_path": str(tokenizer_dir),
         }
@@ -143,7 +140,6 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             if signal == 0 and not warned_no_signal and rank == 0:
                 logger.warning(NO_SIGNAL, step + 1)
                 warned_no_signal = True
-            correction = cfg.algorithm.rollout_correction
             token_rewards = token_level_rewards(scores, batch.response_mask)
             if cfg.algorithm.use_kl_in_reward:
                 kl = kl_penalty(batch.old_log_probs, batch.ref_log_probs, cfg.algorithm.kl_penalty)
@@ -162,12 +158,13 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                 actor.offload_to_host(params=m.param_offload, grads=m.grad_offload)
             timings["step"] = sum(timings.values())
 
+            rc = cfg.algorithm.rollout_correction
             step_metrics = {
                 **M.rollout_metrics(rollouts.gen, rollouts.scores, batch, cfg.reward_model.score),
                 **shaping_metrics,
                 "batch/groups_with_signal": signal,
                 **M.log_prob_metrics(batch, entropy),
-                **M.rollout_correction_metrics(batch, correction.rollout_is, correction.rollout_is_threshold),
+                **M.rollout_correction_metrics(batch, rc.rollout_is, rc.rollout_is_threshold),
                 **update_metrics,
                 **M.timing_metrics(timings),
                 **M.throughput_metrics(batch, timings, shape, dist.get_world_size()),
