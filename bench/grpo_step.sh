@@ -3,7 +3,8 @@
 #   bash bench/grpo_step.sh TOKENIZER_DIR DATA_DIR OUT [7b]
 # TOKENIZER_DIR: any tokenizer whose ids fit the model (SmolLM2's; random weights never stop early, so
 # every response runs to 256 tokens). DATA_DIR: `grpo prepare` output. Runs Qwen2.5-1.5B at TP=1 on one
-# GPU (micro-batches of 16 rows, then of 8,192 tokens) and, with "7b", Qwen2.5-7B at TP=2 on two. Metrics under OUT/<run>/metrics.jsonl; a table last.
+# GPU (micro-batches of 16 rows, then of 8,192 tokens; RUNS="rows budget" picks) and, with "7b", Qwen2.5-7B at
+# TP=2 on two. Metrics under OUT/<run>/metrics.jsonl; a table last.
 # Models and checkpoints (tens of GB) go to WORK (default /tmp/bench-work), not OUT.
 set -uo pipefail
 tok=$1 data=$2 out=$3 big=${4:-} work=${WORK:-/tmp/bench-work}
@@ -19,9 +20,10 @@ run() {  # name, model, overrides...
     trainer.save_freq=-1 trainer.logger=[console] "$@" > "$out/$name.log" 2>&1 || echo "$name failed: $(tail -3 "$out/$name.log")"
   mkdir -p "$out/$name" && cp "$work/$name/metrics.jsonl" "$out/$name/" 2>/dev/null
 }
-run qwen1.5b_tp1 Qwen2.5-1.5B
+runs=${RUNS:-rows budget}
+[[ $runs == *rows* ]] && run qwen1.5b_tp1 Qwen2.5-1.5B
 # micro-batches by a token budget (16 full-length rows' worth) instead of 16 rows; both packed
-run qwen1.5b_tp1_budget Qwen2.5-1.5B actor_rollout_ref.actor.use_dynamic_bsz=true \
+[[ $runs == *budget* ]] && run qwen1.5b_tp1_budget Qwen2.5-1.5B actor_rollout_ref.actor.use_dynamic_bsz=true \
   actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192
 if [ "$big" = 7b ]; then
   run qwen7b_tp2 Qwen2.5-7B trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \

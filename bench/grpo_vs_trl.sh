@@ -4,7 +4,8 @@
 # (bench/step_limit.py, ceilings measured in the same call); then, time allowing, SmolLM2-135M-shaped costs for
 # sizing a long run (bench/eval_static.py on 1,319 questions, a few training steps, a checkpoint and its export).
 #   bash bench/grpo_vs_trl.sh TOKENIZER_DIR GSM8K_SOURCE OUT   (GSM8K_SOURCE: what `grpo prepare --source` takes)
-# Needs trl and datasets beside the project's packages. Stages stop at BUDGET_S seconds (default 560).
+# Needs trl and datasets beside the project's packages. Stages stop at BUDGET_S seconds (default 560); RUNS picks
+# grpo_step.sh's runs, SIZING=0 skips the SmolLM2 sizing.
 set -uo pipefail
 tok=$1 src=$2 out=$3 work=${WORK:-/tmp/bench-work} budget=${BUDGET_S:-560}
 data=$work/gsm8k model=$work/Qwen2.5-1.5B
@@ -25,7 +26,7 @@ stamp "limits"
 python3 bench/step_limit.py --measure --model "$model" "$out"/*/metrics.jsonl --json "$out/limit.json" \
   | tee "$out/limit.md"
 
-if [ "$(left)" -gt 150 ]; then
+if [ "${SIZING:-1}" = 1 ] && [ "$(left)" -gt 150 ]; then
   stamp "SmolLM2-135M-shaped sizing (random weights: every answer runs to its limit)"
   smol=$work/smollm2_random
   [ -d "$smol" ] || python3 bench/random_hf_model.py --model "$tok" "$smol"

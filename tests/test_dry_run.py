@@ -247,6 +247,27 @@ def test_an_override_that_undoes_optimizer_offload_warns(capsys):
     assert "optimizer_offload=true is overridden by" in capsys.readouterr().out
 
 
+def test_host_memory_of_the_cpu_optimizer_is_checked(capsys):
+    # Qwen2.5-7B, one GPU, 3/4 of Adam on the CPU, reference offloaded: on the H200 node (125 GiB of host memory)
+    # the kernel killed this run in its first update. 16 B x 7.62e9 x 0.75 = 85 GiB for megatron's CPU optimizer,
+    # + the optimizer's GPU side between updates (fp32 master 28.4 + Adam 0.25 x 56.8) + the reference 14.2.
+    args = [
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B",
+        "trainer.host_memory_gib=125",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        f"{MEGA}optimizer_offload=true",
+        "actor_rollout_ref.ref.megatron.param_offload=true",
+        f"+{OPTIM}override_optimizer_config.optimizer_offload_fraction=0.75",
+    ]
+    one_gpu = str(REPO / "configs" / "smollm2_gsm8k_gpu.yaml")  # one H200 (140 GiB), bf16
+    assert main(["train", "--config", one_gpu, *args, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "estimated 142 GiB of pinned host memory per node" in err and "exceeds 90% of the node's 125 GiB" in err
+    # the same on a node with 256 GiB: the table shows the figure, nothing is refused
+    assert main(["train", "--config", one_gpu, *args, "trainer.host_memory_gib=256", "--dry-run"]) == 0
+    assert "host memory per node" in capsys.readouterr().out
+
+
 def test_log_prob_token_budgets_size_the_log_prob_phase():
     """Base: 512 + 1024 = 1536-token sequences, log-prob micro-batches of 8; a budget holds budget // 1536 rows,
     and the larger of the old and reference passes sizes the phase."""

@@ -270,8 +270,11 @@ def test_training_state_by_hand():
     assert optimizer == pytest.approx(params * 12 / 2**30)  # ~5.52 GiB
     assert optimizer == pytest.approx(P_05B * 12 / 2**30, rel=1e-5)
 
+    # megatron's hybrid optimizer: the Adam states go to the host, the fp32 master copy stays on the GPU
     offloaded = training_state_gib(shape, ParallelLayout(world_size=1), MemoryOptions(optimizer_offload=True))
-    assert offloaded == pytest.approx((weights, grads, 0.0))
+    assert offloaded == pytest.approx((weights, grads, params * 4 / 2**30))
+    three_quarters = training_state_gib(shape, ParallelLayout(world_size=1), MemoryOptions(optimizer_offload=0.75))
+    assert three_quarters[2] == pytest.approx(params * (4 + 8 / 4) / 2**30)
 
     # DP=4 with the distributed optimizer: each rank keeps a quarter of the optimizer state.
     dp4 = training_state_gib(shape, ParallelLayout(world_size=4), opts)

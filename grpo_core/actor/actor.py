@@ -153,6 +153,7 @@ class MegatronActor:
             self.config.pipeline_dtype = DTYPES[settings.dtype]
         self.model = self._build_chunks()
         self._param_host, self._grad_host = offload.HostOffloader(), offload.HostOffloader()
+        self._optimizer_host = offload.HostOffloader()
         if hf_path is not None:
             for chunk in self.model:
                 load_hf_weights(chunk, hf_path, shape)
@@ -320,7 +321,7 @@ class MegatronActor:
         """(log-probs, entropy) of every response token, [B, R] each, on every rank. Micro-batches of
         ``micro_batch_rows`` (default: the update's) or, when given, of ``micro_batch_tokens`` tokens (verl's
         ``log_prob_use_dynamic_bsz`` + ``log_prob_max_token_len_per_gpu``)."""
-        self.reload_from_host()
+        self.reload_parameters()  # gradients and optimizer stay away
         for chunk in self.model:
             chunk.eval()
         local = self._dp_slice(batch).to(device())
@@ -412,17 +413,23 @@ class MegatronActor:
 
     # ---- offload ----------------------------------------------------------------------------------
 
-    def offload_to_host(self, params: bool = False, grads: bool = False) -> int:
+    def offload_to_host(self, params: bool = False, grads: bool = False, optimizer: bool = False) -> int:
         """Free device memory until the next use (which reloads by itself); returns bytes freed."""
         freed = 0
         if params and not self._param_host.offloaded:
             freed += self._param_host.offload(offload.parameters(self.model))
         if grads and self.trainable and not self._grad_host.offloaded:
             freed += self._grad_host.offload(offload.gradient_buffers(self.model))
+        if optimizer and self.trainable and not self._optimizer_host.offloaded:
+            freed += self._optimizer_host.offload(offload.optimizer_tensors(self.optimizer))
         return freed
 
+    def reload_parameters(self) -> int:
+        """What a forward pass needs (log-probs, generation from the actor's weights)."""
+        return self._param_host.reload()
+
     def reload_from_host(self) -> int:
-        return self._param_host.reload() + self._grad_host.reload()
+        return self._param_host.reload() + self._grad_host.reload() + self._optimizer_host.reload()
 
     # ---- checkpoints ------------------------------------------------------------------------------
 
@@ -433,6 +440,7 @@ class MegatronActor:
 
     def sharded_state_dict(self, is_loading: bool = False) -> dict:
         """Model (and optimizer) in megatron's dist-checkpoint form: loadable at another TP/PP/DP layout."""
+        self.reload_from_host()  # an offloaded tensor has no storage to save or load into
         state = {}
         for key, module in self._unwrapped_chunks():
             state[key] = module.sharded_state_dict()

@@ -58,3 +58,17 @@ def parameters(model_chunks) -> list[torch.Tensor]:
 def gradient_buffers(model_chunks) -> list[torch.Tensor]:
     """Megatron's fp32 ``main_grad`` buffers (one flat buffer per dtype behind the views)."""
     return [getattr(p, "main_grad", None) for chunk in model_chunks for p in chunk.parameters()]
+
+
+def optimizer_tensors(optimizer) -> list[torch.Tensor]:
+    """What the optimizer keeps on the compute device that only the update reads: the distributed
+    optimizer's fp32 master shards of 16-bit parameters (megatron's hybrid CPU optimizer leaves them on the
+    GPU) and the Adam states stepped there (all without CPU offload; with it, the share kept on the GPU).
+    States a CPU step keeps in host memory already are left alone."""
+    here = "cuda" if torch.cuda.is_available() else "cpu"
+    found = []
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        found += [t for group in getattr(opt, "shard_fp32_from_float16_groups", []) for t in group]
+        for state in getattr(getattr(opt, "optimizer", None), "state", {}).values():
+            found += [v for v in state.values() if isinstance(v, torch.Tensor) and v.device.type == here]
+    return found

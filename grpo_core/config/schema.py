@@ -293,6 +293,9 @@ class TrainerConfig:
     n_gpus_per_node: int = setting(8, "GPUs (on CPU: processes) per node")
     device: str = setting("cuda", "accelerator", ("cuda", "cpu"))
     gpu_memory_gib: float = setting(80.0, "memory of one GPU, for the dry run's memory check")
+    host_memory_gib: float | None = setting(
+        None, "host memory of one node, for the offload check (null: this machine's, when it has a GPU)"
+    )
     total_epochs: int = setting(1, "passes over the training prompts")
     total_training_steps: int | None = setting(None, "stop after this many steps (null: from epochs)")
     save_freq: int = setting(-1, "checkpoint every N steps (-1: only at the end)")

@@ -8,6 +8,7 @@ start on the same rules.
 import dataclasses
 import difflib
 import importlib.util
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -81,13 +82,22 @@ def pipeline_extra_layers(overrides: dict) -> int:
     return sum(bool(overrides.get(f"account_for_{what}_in_pipeline_split")) for what in ("embedding", "loss"))
 
 
-def optimizer_offloaded(cfg: GRPOConfig) -> bool:
-    """Whether the whole Adam step runs on the host: ``optimizer_offload``, unless override_optimizer_config
-    (applied after it, as in the actor) says otherwise. A partial offload fraction counts as not offloaded."""
+def local_host_memory_gib() -> float | None:
+    """This machine's memory, when it is a GPU node (a dry run on a laptop says nothing about the cluster)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def optimizer_offloaded(cfg: GRPOConfig) -> float:
+    """The share of the Adam states megatron's hybrid optimizer keeps on the host: ``optimizer_offload`` (all),
+    unless override_optimizer_config (applied after it, as in the actor) says otherwise."""
     m, overrides = cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.actor.optim.override_optimizer_config
     on = overrides.get("optimizer_cpu_offload", m.optimizer_offload)
     fraction = overrides.get("optimizer_offload_fraction", 1.0 if m.optimizer_offload else 0.0)
-    return bool(on) and isinstance(fraction, int | float) and fraction >= 1.0
+    return min(max(float(fraction), 0.0), 1.0) if on and isinstance(fraction, int | float) else 0.0
 
 
 def memory_options(cfg: GRPOConfig) -> MemoryOptions:
@@ -436,13 +446,22 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
         r.errors.append(
             f"estimated peak {est.peak:.1f} GiB per GPU ({est.peak_phase} phase) exceeds trainer.gpu_memory_gib="
             f"{gpu:g}; in the guide's order: lower ppo_micro_batch_size_per_gpu (now {micro}), "
-            f"turn on param_offload/grad_offload/optimizer_offload (now {opts.param_offload}/{opts.grad_offload}/"
-            f"{opts.optimizer_offload}), train in bf16 (now {opts.dtype}), raise TP/PP (now {layout.tp}/{layout.pp}), "
+            "turn on param_offload/grad_offload/optimizer_offload "
+            f"(now {opts.param_offload}/{opts.grad_offload}/{opts.optimizer_offload:g}), train in bf16 "
+            f"(now {opts.dtype}), raise TP/PP (now {layout.tp}/{layout.pp}), "
             f"or lower rollout.gpu_memory_utilization (now {rollout.gpu_memory_utilization}); "
             "`grpo plan` suggests a layout"
         )
     elif est.peak > 0.9 * gpu:
         r.warnings.append(f"estimated peak {est.peak:.1f} GiB is within 10% of the GPU's {gpu:g} GiB")
+    host, node = est.host * cfg.trainer.n_gpus_per_node, cfg.trainer.host_memory_gib or local_host_memory_gib()
+    if node and host > 0.9 * node:
+        r.errors.append(
+            f"estimated {host:.0f} GiB of pinned host memory per node for offloaded state exceeds 90% of the node's "
+            f"{node:.0f} GiB (megatron's CPU optimizer alone takes 16 bytes per offloaded parameter); lower "
+            "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction, keep the reference "
+            "on the GPU (ref.megatron.param_offload=false), or use more GPUs"
+        )
 
 
 OVERRIDE_TARGETS = [
@@ -493,11 +512,18 @@ def _check_megatron_overrides(cfg: GRPOConfig, r: Report) -> None:
                         f"{prefix}=true needs {' or '.join(needs)}, not installed here; megatron refuses it at start-up"
                     )
     actor = cfg.actor_rollout_ref.actor
-    if actor.megatron.optimizer_offload and not optimizer_offloaded(cfg):
+    if actor.megatron.optimizer_offload and optimizer_offloaded(cfg) < 1.0:
         r.warnings.append(
             "actor_rollout_ref.actor.megatron.optimizer_offload=true is overridden by "
             "actor_rollout_ref.actor.optim.override_optimizer_config (optimizer_cpu_offload / "
             "optimizer_offload_fraction): the optimizer states are not all in host memory"
+        )
+    if actor.optim.override_optimizer_config.get("use_precision_aware_optimizer") and not importlib.util.find_spec(
+        "transformer_engine"
+    ):
+        r.warnings.append(
+            "override_optimizer_config.use_precision_aware_optimizer=true needs Transformer Engine >= 2.1, not "
+            "installed here: megatron's OptimizerConfig fails at start-up without it"
         )
 
 

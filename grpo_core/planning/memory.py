@@ -3,8 +3,13 @@
 A colocated ("hybrid engine") GRPO step has three phases on the same GPUs: generation (the rollout
 engine holds ``gpu_memory_utilization`` of the GPU for its weights and KV cache), log-probs (old and
 reference, forward only) and the update (forward + backward + optimizer). Offload flags move state to
-host memory *between* phases; ``optimizer_offload`` also runs the Adam step on the host, so optimizer
-states never come to the GPU. The peak is the largest phase.
+host memory *between* phases. ``optimizer_offload`` (a fraction: megatron's hybrid optimizer) keeps that
+share of the Adam states in host memory and steps it there; what the optimizer keeps on the GPU (the fp32
+master weights, which megatron's distributed optimizer holds there unless TE's precision-aware optimizer is
+used, and the Adam states not offloaded) goes to host memory between updates. The hybrid optimizer's host
+side is 16 bytes per offloaded parameter (fp32 copy, fp32 gradient, two Adam moments), all pinned: on an
+H200 node with 125 GiB of host memory a 7B at fraction 0.75 was killed by the kernel's OOM killer.
+The peak is the largest phase.
 
 Activation sizes are per token and layer, in bytes of 16-bit activations: ``2 * (8h + 4kv + 5f)``
 (h: hidden, kv: key/value width, f: MLP width), plus ``6 * heads * seq`` when the attention matrix is
@@ -21,6 +26,7 @@ GiB = 1024**3
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 GRAD_BYTES = 4  # megatron accumulates and reduces gradients in fp32 ("main_grad")
 ADAM_BYTES = 8  # exp_avg + exp_avg_sq in fp32
+HYBRID_HOST_BYTES = 16  # megatron's CPU optimizer per offloaded parameter: fp32 copy, fp32 grad, Adam's two
 MASTER_BYTES = 4  # fp32 master weights, when training in 16-bit
 LOGIT_BYTES = 6  # per vocab entry and token: 16-bit logits and, in backward, their gradient twice (actor/logprobs.py)
 KV_BYTES = 2
@@ -32,7 +38,7 @@ class MemoryOptions:
     use_distributed_optimizer: bool = True
     param_offload: bool = False
     grad_offload: bool = False
-    optimizer_offload: bool = False
+    optimizer_offload: float = 0.0  # share of the Adam states in host memory (True: all)
     sequence_parallel: bool = True
     recompute: bool = False
     attention: str = "sdpa"  # "sdpa" (flash/memory-efficient) or "unfused" (materialised scores)
@@ -53,6 +59,7 @@ class MemoryEstimate:
     kv_sequences: float
     phases: dict[str, float] = field(default_factory=dict)
     offloaded: list[str] = field(default_factory=list)
+    host: float = 0.0  # GiB of host memory per GPU: offloaded state and the hybrid optimizer's host side
 
     @property
     def peak(self) -> float:
@@ -120,9 +127,7 @@ def training_state_gib(shape: ModelShape, layout: ParallelLayout, opts: MemoryOp
     dense, expert = params_per_gpu(shape, layout)
     params = dense + expert
     wbytes = DTYPE_BYTES[opts.dtype]
-    opt_bytes = ADAM_BYTES + (MASTER_BYTES if wbytes < 4 else 0)
-    if opts.optimizer_offload:
-        opt_bytes = 0
+    opt_bytes = ADAM_BYTES * (1 - float(opts.optimizer_offload)) + (MASTER_BYTES if wbytes < 4 else 0)
     dense_shards = layout.dp if (opts.use_distributed_optimizer and shard_optimizer) else 1
     expert_shards = layout.expert_dp if (opts.use_distributed_optimizer and shard_optimizer) else 1
     optimizer = opt_bytes * (dense / dense_shards + expert / expert_shards)
@@ -196,8 +201,17 @@ def estimate_grpo_memory(
     ]
     if with_reference and ref_offload:
         offloaded.append("reference")
-    resident = (0 if opts.param_offload else weights) + (0 if opts.grad_offload else grads) + optimizer
+    between = 0 if opts.optimizer_offload else optimizer  # the optimizer's GPU side waits in host memory
+    resident = (0 if opts.param_offload else weights) + (0 if opts.grad_offload else grads) + between
     ref_resident = 0 if ref_offload else reference
+    hybrid = float(opts.optimizer_offload) * HYBRID_HOST_BYTES * weights / DTYPE_BYTES[opts.dtype]
+    host = (
+        (weights if opts.param_offload else 0)
+        + (grads if opts.grad_offload else 0)
+        + (optimizer if opts.optimizer_offload else 0)
+        + (reference if with_reference and ref_offload else 0)
+        + hybrid / (layout.dp if opts.use_distributed_optimizer else 1)
+    )
     # asleep, vLLM frees everything; the static engine keeps its weights and frees the cache
     asleep = (r_weights if static_sequences is not None else 0) if free_cache_engine else rollout
     lp_mb = log_prob_micro_batch or micro_batch
@@ -207,7 +221,7 @@ def estimate_grpo_memory(
     phases = {
         "generation": resident + ref_resident + rollout,
         "log_prob": (
-            weights + (0 if opts.grad_offload else grads) + optimizer + ref_resident + asleep + lp_acts + lp_logits
+            weights + (0 if opts.grad_offload else grads) + between + ref_resident + asleep + lp_acts + lp_logits
         ),
         "update": weights + grads + optimizer + ref_resident + asleep + acts + logits,
     }
@@ -225,6 +239,7 @@ def estimate_grpo_memory(
         kv_sequences=kv_seqs,
         phases=phases,
         offloaded=offloaded,
+        host=host,
     )
 
 

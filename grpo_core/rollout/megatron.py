@@ -109,7 +109,7 @@ class MegatronEngine:
     ``max_sequence_length`` (longest prompt + max_new_tokens) and ``max_batch_size`` (rows per forward)
     size the KV cache: 2 x layers x max_sequence_length x max_batch_size x KV width, allocated on the
     first ``generate`` and kept until ``sleep``. ``before_generate`` runs at the start of each call;
-    ``from_actor`` passes the actor's ``reload_from_host`` so offloaded parameters are back first.
+    ``from_actor`` passes the actor's ``reload_parameters`` so offloaded parameters are back first.
     """
 
     def __init__(
@@ -162,7 +162,7 @@ class MegatronEngine:
             stop_ids,
             max_sequence_length,
             max_batch_size,
-            before_generate=actor.reload_from_host,
+            before_generate=actor.reload_parameters,
         )
 
     def _sampling_params(self, settings: SamplingSettings) -> SamplingParams:

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from grpo_core.config import GRPOConfig, to_yaml
 from grpo_core.config.load import load_config_with_notes
-from grpo_core.config.validate import Report, check_config, update_micro_batch
+from grpo_core.config.validate import Report, check_config, optimizer_offloaded, update_micro_batch
 from grpo_core.models.shape import (
     ModelShape,
     ModelShapeError,
@@ -96,9 +96,11 @@ def _memory_table(run: ResolvedRun) -> Table:
         (f"actor weights ({mega.dtype})", m.weights, "offloaded between phases" if "parameters" in off else ""),
         ("gradients (fp32 main grads)", m.gradients, "offloaded between phases" if "gradients" in off else ""),
         (
-            "optimizer (Adam + fp32 master)",
+            "optimizer on the GPU (fp32 master + Adam)",
             m.optimizer,
-            "in host memory, step on CPU" if "optimizer" in off else sharding,
+            f"{optimizer_offloaded(cfg):.0%} of Adam stepped on the CPU; in host memory between updates"
+            if "optimizer" in off
+            else sharding,
         ),
         (
             f"activations ({update_micro_batch(cfg)} x {seq} tokens)",
@@ -114,4 +116,7 @@ def _memory_table(run: ResolvedRun) -> Table:
         table.add_row(what, f"{gib:.1f}", note)
     for phase, gib in m.phases.items():
         table.add_row(f"phase: {phase}", f"{gib:.1f}", "peak" if phase == m.peak_phase else "", style="bold")
+    if m.host:
+        node = m.host * cfg.trainer.n_gpus_per_node
+        table.add_row("host memory per node", f"{node:.1f}", "offloaded state, pinned", style="bold")
     return table

@@ -155,7 +155,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                     engine.wake()
                 sync_weights(actor, engine, shape, cfg)
                 m = arr.actor.megatron
-                actor.offload_to_host(params=m.param_offload, grads=m.grad_offload)
+                actor.offload_to_host(params=m.param_offload, grads=m.grad_offload, optimizer=m.optimizer_offload)
             timings["step"] = sum(timings.values())
 
             rc = cfg.algorithm.rollout_correction

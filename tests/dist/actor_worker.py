@@ -148,7 +148,8 @@ def main() -> None:
         tokens = settings.micro_batch_tokens  # the log-prob passes by the same token budget as the update
         log_probs, entropy = policy.compute_log_prob(batch, micro_batch_tokens=tokens)
         batch = with_old_and_ref(batch, log_probs)
-        grads_offloaded = policy.offload_to_host(params=True, grads=True)  # update() brings them back
+        # update() brings them back (bf16: the fp32 master shards too)
+        grads_offloaded = policy.offload_to_host(params=True, grads=True, optimizer=True)
         metrics = policy.update(batch)
         ref_after, _ = reference.compute_log_prob(
             batch, micro_batch_tokens=tokens

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# A Qwen2.5-7B-shaped GRPO step on ONE GPU through `grpo train` (random weights, SmolLM2's tokenizer, the same
+# 64 prompts x 8 samples x 256 tokens as bench/grpo_step.sh): megatron's hybrid CPU optimizer for 3/4 of the
+# Adam states (optimizer_offload + offload fraction: all of them would need ~120 GiB of pinned host memory),
+# the reference model in host memory between uses, 3,072-token micro-batches. GPU and host memory are sampled
+# every 5 s. Then how fast a 15 GB checkpoint's bytes can be hashed (what manifest verification costs).
+#   bash bench/one_gpu_7b.sh TOKENIZER_DIR DATA_DIR OUT   (HASH=0 skips the hashing)
+set -uo pipefail
+tok=$1 data=$2 out=$3 work=${WORK:-/tmp/bench-work} model=${WORK:-/tmp/bench-work}/Qwen2.5-7B
+mkdir -p "$out"
+[ -d "$model" ] || python3 bench/random_hf_model.py --model Qwen/Qwen2.5-7B --tokenizer "$tok" "$model" > /dev/null 2>&1
+nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -l 5 > "$out/gpu_mib.txt" &
+vmstat -S M 5 > "$out/vmstat.txt" &
+timeout "${TRAIN_S:-420}" python3 -m grpo_core.cli train --config configs/smollm2_gsm8k_gpu.yaml \
+  actor_rollout_ref.model.path="$model" data.train_files="[$data/train.parquet]" data.val_files="[$data/test.parquet]" \
+  data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=32 \
+  actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=3072 \
+  actor_rollout_ref.rollout.name=static actor_rollout_ref.rollout.max_num_seqs=512 \
+  actor_rollout_ref.actor.megatron.optimizer_offload=true actor_rollout_ref.ref.megatron.param_offload=true \
+  +actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=0.75 \
+  +actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=true \
+  trainer.default_local_dir="$work/qwen7b_1gpu" trainer.resume_mode=disable trainer.total_training_steps=3 \
+  trainer.save_freq=-1 trainer.logger=[console] > "$out/qwen7b_1gpu.log" 2>&1
+echo "train exit $?"
+kill %1 %2 2>/dev/null
+sync; echo 3 2>/dev/null > /proc/sys/vm/drop_caches && echo "page cache dropped: the first hash reads from disk"
+mkdir -p "$out/qwen7b_1gpu" && cp "$work/qwen7b_1gpu/metrics.jsonl" "$out/qwen7b_1gpu/" 2>/dev/null
+python3 - "$out" "$model" <<'PY'
+import hashlib, json, os, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+out, model = Path(sys.argv[1]), Path(sys.argv[2])
+for r in map(json.loads, (out / "qwen7b_1gpu/metrics.jsonl").read_text().splitlines() if (out / "qwen7b_1gpu/metrics.jsonl").is_file() else []):
+    if "timing/step" in r:
+        print(f"7b step {r['step']}: {r['timing/step']:.1f} s (gen {r.get('timing/gen', 0):.1f}, old {r.get('timing/old_log_prob', 0):.1f}, "
+              f"ref {r.get('timing/ref', 0):.1f}, update {r.get('timing/update', 0):.1f}), {r['perf/throughput']:,.0f} tok/s/GPU, "
+              f"peak {r.get('perf/max_memory_gib', 0):.1f} GiB")
+gpu = [int(x) for x in (out / "gpu_mib.txt").read_text().split() if x.isdigit()]
+free = [int(line.split()[3]) for line in (out / "vmstat.txt").read_text().splitlines()[2:] if line.split()[3].isdigit()]
+print(f"sampled peaks: GPU {max(gpu, default=0) / 1024:.1f} GiB used, host free min {min(free, default=0) / 1024:.1f} GiB")
+files = sorted(model.glob("*.safetensors")) if os.environ.get("HASH", "1") == "1" else []
+size = sum(f.stat().st_size for f in files)
+for name in ("xxh3_128", "sha256", "blake2b"):
+    try:
+        if name == "xxh3_128":
+            import xxhash
+            new = xxhash.xxh3_128
+        else:
+            new = getattr(hashlib, name)
+    except ImportError:
+        continue
+    def digest(f, new=new):
+        h = new()
+        with f.open("rb") as fh:
+            while chunk := fh.read(16 << 20):
+                h.update(chunk)
+        return h.hexdigest()
+    t = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(digest, files))
+    s = time.perf_counter() - t
+    print(f"hash {name}: {size / 1e9:.1f} GB in {len(files)} files, {s:.1f} s, {size / 1e9 / s:.2f} GB/s (8 threads)")
+PY
