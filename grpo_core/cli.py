@@ -100,7 +100,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"{prefix}pipeline_model_parallel_size={layout.pp}",
         f"{prefix}param_offload={str(opts.param_offload).lower()}",
         f"{prefix}grad_offload={str(opts.grad_offload).lower()}",
-        f"{prefix}optimizer_offload={str(opts.optimizer_offload).lower()}",
+        f"{prefix}optimizer_offload={str(bool(opts.optimizer_offload)).lower()}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={plan.micro_batch}",
         f"actor_rollout_ref.rollout.tensor_model_parallel_size={plan.rollout_tp}",
         f"actor_rollout_ref.rollout.gpu_memory_utilization={plan.rollout_utilization}",

@@ -108,6 +108,9 @@ def memory_options(cfg: GRPOConfig) -> MemoryOptions:
         param_offload=m.param_offload,
         grad_offload=m.grad_offload,
         optimizer_offload=optimizer_offloaded(cfg),
+        precision_aware_optimizer=bool(
+            cfg.actor_rollout_ref.actor.optim.override_optimizer_config.get("use_precision_aware_optimizer")
+        ),
         sequence_parallel=m.sequence_parallel,
         recompute=cfg.actor_rollout_ref.model.enable_gradient_checkpointing
         or m.override_transformer_config.get("recompute_granularity") is not None,

@@ -39,6 +39,7 @@ class MemoryOptions:
     param_offload: bool = False
     grad_offload: bool = False
     optimizer_offload: float = 0.0  # share of the Adam states in host memory (True: all)
+    precision_aware_optimizer: bool = False  # TE's: with CPU offload, the fp32 masters live on the host too
     sequence_parallel: bool = True
     recompute: bool = False
     attention: str = "sdpa"  # "sdpa" (flash/memory-efficient) or "unfused" (materialised scores)
@@ -127,7 +128,8 @@ def training_state_gib(shape: ModelShape, layout: ParallelLayout, opts: MemoryOp
     dense, expert = params_per_gpu(shape, layout)
     params = dense + expert
     wbytes = DTYPE_BYTES[opts.dtype]
-    opt_bytes = ADAM_BYTES * (1 - float(opts.optimizer_offload)) + (MASTER_BYTES if wbytes < 4 else 0)
+    masters_here = wbytes < 4 and not (opts.optimizer_offload and opts.precision_aware_optimizer)
+    opt_bytes = ADAM_BYTES * (1 - float(opts.optimizer_offload)) + (MASTER_BYTES if masters_here else 0)
     dense_shards = layout.dp if (opts.use_distributed_optimizer and shard_optimizer) else 1
     expert_shards = layout.expert_dp if (opts.use_distributed_optimizer and shard_optimizer) else 1
     optimizer = opt_bytes * (dense / dense_shards + expert / expert_shards)
