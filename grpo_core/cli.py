@@ -16,6 +16,7 @@ from rich.console import Console
 
 from grpo_core.config import ConfigError, iter_settings
 from grpo_core.config.load import resolve_config_file
+from grpo_core.quiet import attach_log, quiet_terminal
 
 EXIT_INVALID = 2
 EXIT_FAILURE = 1  # also a missing package: the configuration is valid, this environment cannot run it
@@ -56,6 +57,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             err_console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_FAILURE
     if launcher:
+        attach_log(Path(run.config.trainer.default_local_dir) / "launch" / "grpo.log")
         return _launch(run.config, args)
 
     from grpo_core.trainer.loop import train
@@ -197,6 +199,14 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     run = resolve_run(args.config, args.overrides)
     if run.report.errors:
         raise ConfigError(run.report.errors, run.report.warnings)
+    log = attach_log(Path(run.config.trainer.default_local_dir) / "launch" / "pipeline.log")
+    err_console.print(
+        f"grpo pipeline: {run.config.trainer.project_name} / {run.config.trainer.experiment_name} in "
+        f"{run.config.trainer.default_local_dir} (library messages: {log})",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     print_notes_and_warnings(run.report, err_console)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from offline machines
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # busy small machines
@@ -400,13 +410,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prefect API call otherwise
+    # Before anything imports megatron or torch: their known-harmless chatter stays out of the terminal.
+    quiet_terminal(marked="TORCHELASTIC_RUN_ID" in os.environ)
+
     from grpo_core.data.gsm8k import DataError
     from grpo_core.models.shape import ModelShapeError
     from grpo_core.rollout.hf import ModelLoadError
     from grpo_core.trainer.checkpoint import CheckpointError
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prefect API call otherwise
     parser = build_parser()
     # Overrides may come before or after the flags, as in verl's command lines.
     args, extra = parser.parse_known_args(argv)

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from grpo_core.quiet import MARK
 from tests.conftest import REPO
 from tests.support.servers import prefect_env
 from tests.support.tiny import TOKENIZER, tiny_model_dir
+from tests.test_quiet import CHATTER
 
 
 def pipeline_overrides(root: Path, model: Path, tracking_uri: str) -> list[str]:
@@ -131,6 +133,13 @@ def test_a_tracking_server_down_at_the_start_loses_nothing_once_synced(tmp_path,
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     assert "Traceback" not in run.stdout + run.stderr
     assert "MLflow run: not sent yet" in run.stdout and "model version: pending" in run.stdout
+    # A quiet, informative terminal: the project's first line, a line per step and per evaluation batch, no
+    # library chatter (which the ranks' log keeps, marked).
+    assert run.stderr.splitlines()[0].startswith("grpo pipeline: pipeline_test / tiny in "), run.stderr[:2000]
+    assert "step 1/2: reward " in run.stderr and "step 2/2: reward " in run.stderr and "tokens/s " in run.stderr
+    assert "evaluate base: 4/4 questions" in run.stderr and "evaluate trained: 4/4 questions" in run.stderr
+    assert not [c for c in CHATTER if c in run.stdout + run.stderr], run.stderr[-5000:]
+    assert f"[default0]:{MARK}UserWarning: Apex is not installed" in (tmp_path / "run/launch/node0.log").read_text()
     pending = tmp_path / "run" / "mlflow_pending.jsonl"
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
 
