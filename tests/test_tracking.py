@@ -179,3 +179,15 @@ def test_a_run_deferred_while_the_server_is_down_is_synced_once_from_its_pending
         assert len(client.get_metric_history(run_id, "reward/mean")) == 2
     finally:
         stop(server)
+
+
+def test_tracking_sync_of_a_missing_or_damaged_pending_file_is_one_line_and_exit_2(tmp_path, capsys):
+    from grpo_core.cli import main
+
+    assert main(["tracking", "sync", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path}/mlflow_pending.jsonl does not exist")
+    (tmp_path / "mlflow_pending.jsonl").write_text('{"run_id": "r", "method": "log_batch", "args": {}}\nnot json\n')
+    assert main(["tracking", "sync", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path}/mlflow_pending.jsonl:2 is not a JSON line") and "Traceback" not in err
+    assert not (tmp_path / "mlflow_pending.sent").exists()  # nothing was sent
