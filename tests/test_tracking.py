@@ -191,3 +191,21 @@ def test_tracking_sync_of_a_missing_or_damaged_pending_file_is_one_line_and_exit
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tmp_path}/mlflow_pending.jsonl:2 is not a JSON line") and "Traceback" not in err
     assert not (tmp_path / "mlflow_pending.sent").exists()  # nothing was sent
+
+
+def test_a_training_run_started_while_the_server_is_down_trains_and_keeps_its_calls(tmp_path, monkeypatch):
+    from grpo_core.config.load import load_config
+    from grpo_core.tracking import Tracker
+    from grpo_core.tracking.mlflow_run import RUN_ID_VAR
+
+    monkeypatch.delenv(RUN_ID_VAR, raising=False)
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    overrides = [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[mlflow]"]
+    tracker = Tracker(load_config(None, [*overrides, f"tracking.mlflow_tracking_uri={uri}"]))
+    assert tracker._mlflow.is_deferred  # no exception: training goes on
+    tracker.log({"reward/mean": 0.5}, step=1)
+    tracker._file.close()
+    assert not tracker._mlflow.close(wait_s=0)
+    records = [json.loads(line) for line in (tmp_path / "mlflow_pending.jsonl").read_text().splitlines()]
+    assert {r["run_id"] for r in records} == {tracker._mlflow.run_id}  # one run, found or created by sync
+    assert records[-1]["args"]["metrics"][0].items() >= {"key": "reward/mean", "value": 0.5, "step": 1}.items()
