@@ -1,4 +1,5 @@
-"""The ``grpo`` command: train (with --dry-run), pipeline, compare, plan, prepare, evaluate, export, keys.
+"""The ``grpo`` command: train (with --dry-run), pipeline, compare, tracking sync, plan, prepare, evaluate,
+export, keys.
 
 Every failure a user can cause ends in one clear message and a non-zero exit: 2 for invalid
 configuration or input, 1 for anything else; never a bare traceback.
@@ -15,6 +16,7 @@ from rich.console import Console
 
 from grpo_core.config import ConfigError, iter_settings
 from grpo_core.config.load import resolve_config_file
+from grpo_core.quiet import attach_log, quiet_terminal
 
 EXIT_INVALID = 2
 EXIT_FAILURE = 1  # also a missing package: the configuration is valid, this environment cannot run it
@@ -55,6 +57,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             err_console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_FAILURE
     if launcher:
+        attach_log(Path(run.config.trainer.default_local_dir) / "launch" / "grpo.log")
         return _launch(run.config, args)
 
     from grpo_core.trainer.loop import train
@@ -196,6 +199,14 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     run = resolve_run(args.config, args.overrides)
     if run.report.errors:
         raise ConfigError(run.report.errors, run.report.warnings)
+    log = attach_log(Path(run.config.trainer.default_local_dir) / "launch" / "pipeline.log")
+    err_console.print(
+        f"grpo pipeline: {run.config.trainer.project_name} / {run.config.trainer.experiment_name} in "
+        f"{run.config.trainer.default_local_dir} (library messages: {log})",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     print_notes_and_warnings(run.report, err_console)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from offline machines
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # busy small machines
@@ -245,6 +256,38 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for row in comparison.rows:
         table.add_row(*row)
     console.print(table)
+    return 0
+
+
+def cmd_tracking_sync(args: argparse.Namespace) -> int:
+    """Send a run's pending MLflow calls (written while the server was away); each call is sent once."""
+    from grpo_core.tracking.sync import SyncError, sync_pending
+
+    try:
+        result = sync_pending(args.run_dir, args.tracking_uri)
+    except SyncError as e:
+        raise UserError(str(e)) from None
+    for line in result.dropped:
+        err_console.print(f"warning: dropped {line}", markup=False, highlight=False, soft_wrap=True)
+    runs = ", ".join(result.run_ids) or "-"
+    sent = result.sent - len(result.dropped)
+    done = result.already + result.sent
+    if result.error:
+        err_console.print(f"error: {result.error}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(
+            f"{done} of {result.total} call(s) in {result.pending_file} are on the server; run this again to send "
+            "the rest",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        return EXIT_FAILURE
+    if result.sent == 0:
+        message = f"nothing to send: the {result.total} call(s) in {result.pending_file} were sent before"
+    else:
+        message = f"sent {sent} call(s) from {result.pending_file} to run {runs}"
+        message += f" ({result.already} sent before)" if result.already else ""
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -349,6 +392,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.set_defaults(func=cmd_compare)
 
+    tracking = sub.add_parser("tracking", help="MLflow tracking of a run: send what an outage left pending")
+    tracking_sub = tracking.add_subparsers(dest="tracking_command", required=True)
+    sync = tracking_sub.add_parser(
+        "sync", help="send a run's pending MLflow calls (mlflow_pending.jsonl) to the server; each is sent once"
+    )
+    sync.add_argument("run_dir", metavar="RUN_DIR", help="the run's directory (trainer.default_local_dir)")
+    sync.add_argument("--tracking-uri", help="send to this server instead of the one each call was made for")
+    sync.set_defaults(func=cmd_tracking_sync)
+
     keys = sub.add_parser(
         "keys", help="every config key, verl's too: a setting (type, default, help) or why it has none"
     )
@@ -358,13 +410,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prefect API call otherwise
+    # Before anything imports megatron or torch: their known-harmless chatter stays out of the terminal.
+    quiet_terminal(marked="TORCHELASTIC_RUN_ID" in os.environ)
+
     from grpo_core.data.gsm8k import DataError
     from grpo_core.models.shape import ModelShapeError
     from grpo_core.rollout.hf import ModelLoadError
     from grpo_core.trainer.checkpoint import CheckpointError
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Prefect API call otherwise
     parser = build_parser()
     # Overrides may come before or after the flags, as in verl's command lines.
     args, extra = parser.parse_known_args(argv)

@@ -5,7 +5,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from prefect import task
+from prefect import get_run_logger, task
 
 from grpo_core.evaluation.run import EvalSettings, evaluate_model
 from grpo_core.tracking.pipeline_run import file_digest
@@ -36,9 +36,18 @@ def _cache_key(context, parameters) -> str:
 
 @task(cache_key_fn=_cache_key, persist_result=True, retries=1, retry_delay_seconds=10, retry_condition_fn=transient)
 def evaluate_checkpoint(model: str, data_file: str, out_dir: str, settings: dict) -> dict:
-    """GSM8K accuracies of ``model`` (hub id, HF directory or checkpoint); records in ``out_dir``."""
-    result = evaluate_model(model, data_file, out_dir, EvalSettings(**settings))
+    """GSM8K accuracies of ``model`` (hub id, HF directory or checkpoint); records in ``out_dir``; a line per
+    generate call in the task's log."""
+    log, name = get_run_logger(), Path(out_dir).name
+    log.info("evaluating %s on %s", model, data_file)
+
+    def progress(done: int, total: int) -> None:
+        log.info("evaluate %s: %d/%d questions", name, done, total)
+
+    result = evaluate_model(model, data_file, out_dir, EvalSettings(**settings), on_batch=progress)
     rate = result.response_tokens / max(result.elapsed_s, 1e-9)
+    accuracy = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if k.startswith("accuracy"))
+    log.info("evaluate %s: %s (%.0f tokens/s)", name, accuracy, rate)
     return {**result.metrics, "tokens_per_s": rate}
 
 

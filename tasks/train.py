@@ -7,6 +7,8 @@ from prefect import get_run_logger, task
 
 from grpo_core.config.load import load_config
 from grpo_core.launch import LaunchError, run_training
+from grpo_core.tracking import METRICS_FILE
+from grpo_core.tracking.follow import following, step_line
 from grpo_core.tracking.mlflow_run import RUN_ID_VAR
 from grpo_core.tracking.pipeline_run import pipeline_key, training_rows
 from grpo_core.trainer.checkpoint import CheckpointManager
@@ -19,12 +21,16 @@ def _cache_key(context, parameters) -> str:
 
 @task(cache_key_fn=_cache_key, persist_result=True, retries=1, retry_delay_seconds=30, retry_condition_fn=transient)
 def train_grpo(config_path: str | None, overrides: list[str], mlflow_run_id: str) -> dict:
-    """Run every rank to the end; the last checkpoint and the number of steps trained."""
+    """Run every rank to the end, a line per step in the task's log; the last checkpoint and the steps trained."""
     cfg = load_config(config_path, overrides)
+    log, total = get_run_logger(), cfg.trainer.total_training_steps
+    metrics = f"{cfg.trainer.default_local_dir}/{METRICS_FILE}"
+    log.info("training %s steps; the ranks' log: %s/launch", total or "the epochs'", cfg.trainer.default_local_dir)
     try:
-        log_dir = run_training(cfg, config_path, overrides, extra_env={RUN_ID_VAR: mlflow_run_id})
+        with following(metrics, lambda row: log.info(step_line(row, total))):
+            log_dir = run_training(cfg, config_path, overrides, extra_env={RUN_ID_VAR: mlflow_run_id})
     except LaunchError as e:
-        get_run_logger().error(e.report())  # the failed rank's own log tail, in the task's log
+        log.error(e.report())  # the failed rank's own log tail, in the task's log
         raise
     latest = CheckpointManager.for_run(cfg.trainer).latest()
     if latest is None:

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from grpo_core.quiet import MARK
 from tests.conftest import REPO
 from tests.support.servers import prefect_env
 from tests.support.tiny import TOKENIZER, tiny_model_dir
+from tests.test_quiet import CHATTER
 
 
 def pipeline_overrides(root: Path, model: Path, tracking_uri: str) -> list[str]:
@@ -114,3 +116,59 @@ def test_a_bad_config_fails_before_prefect_starts(tmp_path):
     )
     assert result.returncode == 2
     assert "data.train_batch_sise" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_tracking_server_down_at_the_start_loses_nothing_once_synced(tmp_path, tiny_model):
+    """The server is down for the whole pipeline: it trains, evaluates and registers into the pending
+    file; `grpo tracking sync` sends it all once the server is up, and a second sync sends nothing."""
+    from mlflow import MlflowClient
+
+    from tests.support.servers import free_port, start_mlflow, stop
+
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    overrides = pipeline_overrides(tmp_path, tiny_model, uri)
+    env = prefect_env(tmp_path / "prefect")
+    run = grpo("pipeline", "--config", str(REPO / "configs/demo_cpu.yaml"), *overrides, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    assert "Traceback" not in run.stdout + run.stderr
+    assert "MLflow run: not sent yet" in run.stdout and "model version: pending" in run.stdout
+    # A quiet, informative terminal: the project's first line, a line per step and per evaluation batch, no
+    # library chatter (which the ranks' log keeps, marked).
+    assert run.stderr.splitlines()[0].startswith("grpo pipeline: pipeline_test / tiny in "), run.stderr[:2000]
+    assert "step 1/2: reward " in run.stderr and "step 2/2: reward " in run.stderr and "tokens/s " in run.stderr
+    assert "evaluate base: 4/4 questions" in run.stderr and "evaluate trained: 4/4 questions" in run.stderr
+    assert not [c for c in CHATTER if c in run.stdout + run.stderr], run.stderr[-5000:]
+    assert f"[default0]:{MARK}UserWarning: Apex is not installed" in (tmp_path / "run/launch/node0.log").read_text()
+    pending = tmp_path / "run" / "mlflow_pending.jsonl"
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+
+    server = start_mlflow(tmp_path / "store", port)
+    try:
+        sync = grpo("tracking", "sync", str(tmp_path / "run"), env=env, cwd=tmp_path, timeout=300)
+        assert sync.returncode == 0 and "Traceback" not in sync.stderr, sync.stdout + sync.stderr
+        assert f"from {pending} to run" in sync.stdout
+        client = MlflowClient(uri)
+        (remote,) = client.search_runs([client.get_experiment_by_name("pipeline_test").experiment_id])
+        run_id = remote.info.run_id
+        assert remote.info.status == "FINISHED" and remote.data.params["trainer.total_training_steps"] == "2"
+        assert remote.info.run_name == "tiny"
+        # every metric the trainer logged during the outage, at its step, once
+        names = {k for row in logged for k in row} - {"step"}
+        assert {"reward/mean", "perf/throughput", "actor/pg_loss"} <= names
+        for name in sorted(names):
+            history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, name))
+            expected = [(row["step"], row[name]) for row in logged if name in row]
+            assert [s for s, _ in history] == [s for s, _ in expected], name
+            assert [v for _, v in history] == pytest.approx([v for _, v in expected], nan_ok=True), name
+        assert {"val/accuracy_uplift", "eval/trained/num_questions"} <= remote.data.metrics.keys()
+        assert {a.path for a in client.list_artifacts(run_id, "plots")} >= {"plots/reward.png"}
+        assert "model/config.json" in {a.path for a in client.list_artifacts(run_id, "model")}
+        assert client.get_model_version_by_alias("pipeline_test", "champion").run_id == run_id
+
+        again = grpo("tracking", "sync", str(tmp_path / "run"), env=env, cwd=tmp_path, timeout=300)
+        assert again.returncode == 0 and "nothing to send" in again.stdout, again.stdout + again.stderr
+        assert len(client.get_metric_history(run_id, "reward/mean")) == len(logged)
+        assert len(client.search_model_versions("name='pipeline_test'")) == 1
+    finally:
+        stop(server)

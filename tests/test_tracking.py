@@ -138,3 +138,74 @@ def test_secrets_inside_dict_settings_are_masked():
         "x.hf_token": "***",
         "x.tokens": 3,
     }
+
+
+def test_a_run_deferred_while_the_server_is_down_is_synced_once_from_its_pending_file(tmp_path):
+    from grpo_core.tracking.mlflow_run import KEY_TAG
+    from grpo_core.tracking.sync import sync_pending
+
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    pending = tmp_path / "run" / "mlflow_pending.jsonl"
+    # The pipeline's run and its trainer's, both made while nothing listens on the port.
+    run = MlflowRun.deferred(uri, "outage", "k1", {"mlflow.runName": "tiny"}, pending_file=pending, retry_s=60)
+    run.log_params({"trainer.total_training_steps": 2})
+    trainer = MlflowRun(uri, run.run_id, pending_file=pending, retry_s=60)
+    for step in (1, 2):
+        trainer.log_metrics({"reward/mean": 0.25 * step}, step=step)
+    assert not trainer.close(wait_s=0)
+    (tmp_path / "plot.txt").write_text("a plot")
+    run.log_artifact(tmp_path / "plot.txt", "plots")
+    run.finish()
+    assert not run.close(wait_s=0) and len(pending.read_text().splitlines()) == 6
+    down = sync_pending(tmp_path / "run")  # still down: stops at once, nothing counted as sent
+    assert not down.complete and down.sent == 0 and "did not take call 1 (log_batch)" in down.error
+
+    server = start_mlflow(tmp_path / "store", port)
+    try:
+        first = sync_pending(tmp_path / "run")
+        assert first.complete and (first.total, first.already, first.sent, first.dropped) == (6, 0, 6, [])
+        client = MlflowClient(uri)
+        (run_id,) = set(first.run_ids)  # the pipeline's calls and the trainer's land in one run
+        remote = client.get_run(run_id)
+        assert remote.data.tags[KEY_TAG] == "k1" and remote.data.tags["mlflow.runName"] == "tiny"
+        assert remote.data.params == {"trainer.total_training_steps": "2"} and remote.info.status == "FINISHED"
+        assert [a.path for a in client.list_artifacts(run_id, "plots")] == ["plots/plot.txt"]
+        history = [(m.step, m.value) for m in client.get_metric_history(run_id, "reward/mean")]
+        assert sorted(history) == [(1, 0.25), (2, 0.5)]
+
+        again = sync_pending(tmp_path / "run")  # idempotent: nothing is sent twice
+        assert (again.already, again.sent) == (6, 0)
+        assert len(client.get_metric_history(run_id, "reward/mean")) == 2
+    finally:
+        stop(server)
+
+
+def test_tracking_sync_of_a_missing_or_damaged_pending_file_is_one_line_and_exit_2(tmp_path, capsys):
+    from grpo_core.cli import main
+
+    assert main(["tracking", "sync", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path}/mlflow_pending.jsonl does not exist")
+    (tmp_path / "mlflow_pending.jsonl").write_text('{"run_id": "r", "method": "log_batch", "args": {}}\nnot json\n')
+    assert main(["tracking", "sync", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path}/mlflow_pending.jsonl:2 is not a JSON line") and "Traceback" not in err
+    assert not (tmp_path / "mlflow_pending.sent").exists()  # nothing was sent
+
+
+def test_a_training_run_started_while_the_server_is_down_trains_and_keeps_its_calls(tmp_path, monkeypatch):
+    from grpo_core.config.load import load_config
+    from grpo_core.tracking import Tracker
+    from grpo_core.tracking.mlflow_run import RUN_ID_VAR
+
+    monkeypatch.delenv(RUN_ID_VAR, raising=False)
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    overrides = [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[mlflow]"]
+    tracker = Tracker(load_config(None, [*overrides, f"tracking.mlflow_tracking_uri={uri}"]))
+    assert tracker._mlflow.is_deferred  # no exception: training goes on
+    tracker.log({"reward/mean": 0.5}, step=1)
+    tracker._file.close()
+    assert not tracker._mlflow.close(wait_s=0)
+    records = [json.loads(line) for line in (tmp_path / "mlflow_pending.jsonl").read_text().splitlines()]
+    assert {r["run_id"] for r in records} == {tracker._mlflow.run_id}  # one run, found or created by sync
+    assert records[-1]["args"]["metrics"][0].items() >= {"key": "reward/mean", "value": 0.5, "step": 1}.items()

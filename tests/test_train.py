@@ -101,6 +101,9 @@ def test_tp2_run_resumes_from_its_checkpoint(tmp_path, capitals):
     first = grpo_train(run, *common)
     assert first.returncode == 0, first.stderr[-4000:]
     check_diagnostics(run, first.stderr)
+    # the terminal has no library chatter (both ranks' log has it, marked): see tests/test_quiet.py
+    assert "Apex is not installed" not in first.stderr and "[library]" not in first.stderr
+    assert "[library] UserWarning: Apex is not installed" in (run / "launch" / "node0.log").read_text()
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000002"
     second = grpo_train(run, *common, "trainer.total_training_steps=3")
     assert second.returncode == 0, second.stderr[-4000:]

@@ -13,6 +13,7 @@ import os
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -123,10 +124,12 @@ def evaluate(
     k_values: tuple[int, ...] = (1,),
     seed: int = 0,
     progress: bool = True,
+    on_batch: Callable[[int, int], None] | None = None,
 ) -> EvalResult:
     """Sample ``n`` responses per row (greedy at temperature 0), grade each and summarize.
 
-    ``batch_size`` is prompts per ``engine.generate`` call (the engine may split further).
+    ``batch_size`` is prompts per ``engine.generate`` call (the engine may split further). ``on_batch(done,
+    total)`` after each call, in questions: progress where no terminal shows the bar (the pipeline's log).
     """
     if bad := [k for k in k_values if not 1 <= k <= n]:
         raise ValueError(f"every k must be between 1 and n={n}; got {bad}")
@@ -155,6 +158,8 @@ def evaluate(
                     }
                 )
             bar.advance(task, len(batch))
+            if on_batch is not None:
+                on_batch(first + len(batch), len(rows))
     elapsed = time.perf_counter() - start
     tokens = sum(r["response_tokens"] for r in records)
     return EvalResult(records, summarize(records, n, tuple(k_values)), elapsed_s=elapsed, response_tokens=tokens)

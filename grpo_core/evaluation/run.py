@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,8 +61,15 @@ def exported_model(checkpoint: str | Path) -> Path:
     return out
 
 
-def evaluate_model(model: str, data_file: str, out_dir: str | Path, settings: EvalSettings) -> EvalResult:
+def evaluate_model(
+    model: str,
+    data_file: str,
+    out_dir: str | Path,
+    settings: EvalSettings,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> EvalResult:
     """Greedy (or sampled) answers for the first ``settings.limit`` rows; writes samples.jsonl and metrics.json.
+    ``on_batch(done, total)`` after each generate call (questions done so far).
 
     Raises DataError, ModelLoadError or CheckpointError for unusable input."""
     import torch
@@ -89,6 +97,7 @@ def evaluate_model(model: str, data_file: str, out_dir: str | Path, settings: Ev
         max_new_tokens=settings.max_new_tokens,
         batch_size=max(1, settings.batch_size // settings.n),  # batch_size counts sequences
         k_values=settings.k_values,
+        on_batch=on_batch,
     )
     result.device = device
     try:

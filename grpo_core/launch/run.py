@@ -5,7 +5,8 @@ the pipeline's train task call.
 each node calls this with its ``launch.node_rank`` and the shared ``launch.rdzv_endpoint``/``rdzv_id``).
 ``launch.launcher=slurm`` submits the whole job once, from any node, and follows it. Logs go under
 ``<trainer.default_local_dir>/launch/``; ``echo`` copies the node's (or the Slurm job's) log to stderr as it
-grows, so an interactive run still shows its per-step lines.
+grows, so an interactive run still shows its per-step lines; library chatter the ranks marked (quiet.py)
+stays in the log only.
 
 Simplification: Slurm's rendezvous port is the port of ``launch.rdzv_endpoint`` when one is set (its host
 is ignored: the job's first node hosts the rendezvous), else torchrun's usual 29500.
@@ -21,6 +22,7 @@ from typing import Any, TextIO
 
 from grpo_core.launch import slurm, torchrun
 from grpo_core.launch.common import trainer_command
+from grpo_core.quiet import is_marked
 
 SLURM_DEFAULT_PORT = 29500
 
@@ -101,7 +103,8 @@ def _echoing(enabled: bool, find: Callable[[], Path | None], poll_s: float = 0.2
 
 
 def _follow(find: Callable[[], Path | None], out: TextIO, stop: threading.Event, poll_s: float) -> None:
-    path, offset = None, 0
+    """Copy whole lines (the last one too, at the end) that are not library chatter."""
+    path, offset, partial = None, 0, ""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a read may end inside a character
     while True:
         stopping = stop.is_set()  # read before the last copy, so nothing written before the end is lost
@@ -114,7 +117,11 @@ def _follow(find: Callable[[], Path | None], out: TextIO, stop: threading.Event,
             except OSError:
                 data = b""
             offset += len(data)
-            if text := decoder.decode(data):
+            lines = (partial + decoder.decode(data)).split("\n")
+            partial = lines.pop()
+            if stopping and partial:
+                lines, partial = [*lines, partial], ""
+            if text := "".join(line + "\n" for line in lines if not is_marked(line)):
                 out.write(text)
                 out.flush()
         if stopping:

@@ -7,6 +7,7 @@ Only rank 0 has an enabled tracker."""
 import json
 import logging
 import os
+import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -47,8 +48,7 @@ class Tracker:
         if run_id := os.environ.get(RUN_ID_VAR):  # the pipeline's run
             self._mlflow = MlflowRun(uri, run_id, pending_file=pending)
         elif "mlflow" in self.sinks:
-            t = cfg.trainer
-            self._mlflow = MlflowRun.create(uri, t.project_name, t.experiment_name, pending_file=pending)
+            self._mlflow = _new_run(uri, cfg.trainer, pending)
         if "tensorboard" in self.sinks:
             from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
@@ -118,6 +118,17 @@ class Tracker:
             if not os.environ.get(RUN_ID_VAR):
                 self._mlflow.finish()  # a pipeline's run is ended by the pipeline
             self._mlflow.close()
+
+
+def _new_run(uri: str, trainer, pending: Path) -> MlflowRun:
+    """A new MLflow run; a deferred one (created when the server first answers, else kept in ``pending``
+    for ``grpo tracking sync``) when the server is down now: training does not wait for tracking."""
+    try:
+        return MlflowRun.create(uri, trainer.project_name, trainer.experiment_name, pending_file=pending)
+    except Exception as e:  # noqa: BLE001  (any transport or server error)
+        logger.warning("MLflow at %s does not answer (%s); the run is sent when it does", uri, type(e).__name__)
+        tags = {"mlflow.runName": trainer.experiment_name}
+        return MlflowRun.deferred(uri, trainer.project_name, uuid.uuid4().hex[:16], tags, pending_file=pending)
 
 
 def _headline(metrics: dict) -> str:

@@ -3,8 +3,12 @@
 Every call is queued and the queue is sent in order; when the server does not answer, the calls stay
 queued (a warning says so once), are retried at the next call after ``retry_s``, and are flushed when
 the server is back. Whatever cannot be sent by ``close`` is written to ``pending_file`` (JSON lines of
-the calls) and said so, so nothing is lost. The HTTP client's own retries are capped so that a dead
-server costs a step seconds, not minutes.
+the calls) and said so, so nothing is lost; ``grpo tracking sync RUN_DIR`` (sync.py) replays it later. The
+HTTP client's own retries are capped so that a dead server costs a step seconds, not minutes.
+
+A run that could not be created (the server was down when the pipeline started) has a *deferred* id,
+``pending:<pipeline key>:<experiment>``: the first flush that reaches the server finds the run carrying
+that key (``KEY_TAG``) or creates it, so the pipeline, its trainer and a later sync all land in one run.
 """
 
 import json
@@ -18,6 +22,8 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 RUN_ID_VAR = "GRPO_MLFLOW_RUN_ID"  # set by the pipeline: the trainer logs into the pipeline's run
+KEY_TAG = "grpo.pipeline_key"  # what a pipeline's run is found by
+DEFERRED = "pending:"
 # Errors that say the call itself is wrong: sending it again cannot succeed, so it is dropped (with a warning).
 REJECTED = {
     "INVALID_PARAMETER_VALUE",
@@ -55,6 +61,44 @@ def quick_http() -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 
+def deferred_run_id(experiment: str, key: str) -> str:
+    """The id of a run to find (by ``KEY_TAG``) or create in ``experiment`` once the server answers."""
+    return f"{DEFERRED}{key}:{experiment}"
+
+
+def resolve_run_id(client, run_id: str) -> str:
+    """A deferred id as the real one: the run in its experiment tagged with its key, else a new run."""
+    if not run_id.startswith(DEFERRED):
+        return run_id
+    key, experiment = run_id[len(DEFERRED) :].split(":", 1)
+    found = client.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    runs = client.search_runs([experiment_id], f"tags.`{KEY_TAG}` = '{key}'", max_results=1)
+    if runs:
+        return runs[0].info.run_id
+    return client.create_run(experiment_id, tags={KEY_TAG: key}).info.run_id
+
+
+def register_version(client, run_id: str, name: str, tags: dict[str, str], alias: str | None) -> str:
+    """A registry version of the run's ``model`` artifact (the registered model created if missing)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(name)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    source = f"{client.get_run(run_id).info.artifact_uri}/model"
+    version = client.create_model_version(name, source, run_id=run_id, tags=tags)
+    if alias:
+        client.set_registered_model_alias(name, alias, version.version)
+    return str(version.version)
+
+
+# Queued calls that are not a single ``MlflowClient`` method: name -> function(client, run_id, **kwargs).
+OPERATIONS = {"register_version": register_version}
+
+
 class MlflowRun:
     def __init__(self, tracking_uri: str, run_id: str, pending_file: Path | None = None, retry_s: float = 15.0):
         quick_http()
@@ -64,6 +108,7 @@ class MlflowRun:
         self.tracking_uri, self.run_id = tracking_uri, run_id
         self.pending_file, self.retry_s = pending_file, retry_s
         self.queue: list[tuple[str, dict[str, Any]]] = []
+        self.results: dict[str, Any] = {}  # the last return value of each operation sent (a model version)
         self._next_try = 0.0
         self._down_since: float | None = None
 
@@ -78,6 +123,17 @@ class MlflowRun:
         experiment_id = found.experiment_id if found else client.create_experiment(experiment)
         run = client.create_run(experiment_id, run_name=run_name, tags=tags or {})
         return cls(tracking_uri, run.info.run_id, **kw)
+
+    @classmethod
+    def deferred(cls, tracking_uri: str, experiment: str, key: str, tags: dict[str, str], **kw) -> "MlflowRun":
+        """A run created (or found by ``key``) when the server first answers; ``tags`` are its first call."""
+        run = cls(tracking_uri, deferred_run_id(experiment, key), **kw)
+        run.set_tags({KEY_TAG: key, **tags})
+        return run
+
+    @property
+    def is_deferred(self) -> bool:
+        return self.run_id.startswith(DEFERRED)
 
     # ---- what callers log --------------------------------------------------------------------------------
 
@@ -108,6 +164,15 @@ class MlflowRun:
             {"local_dir" if method == "log_artifacts" else "local_path": str(path), "artifact_path": artifact_path},
         )
 
+    def set_status(self, status: str) -> None:
+        self._send("update_run", {"status": status})
+
+    def register_model(self, name: str, tags: dict[str, str], alias: str | None = None) -> str | None:
+        """A registry version of the run's ``model`` artifact: its number, or None while it waits in the queue."""
+        self.results.pop("register_version", None)
+        self._send("register_version", {"name": name, "tags": tags, "alias": alias})
+        return self.results.get("register_version")
+
     def finish(self, status: str = "FINISHED") -> None:
         self._send("set_terminated", {"status": status})
 
@@ -123,7 +188,7 @@ class MlflowRun:
         while self.queue:
             method, kwargs = self.queue[0]
             try:
-                getattr(self.client, method)(self.run_id, **kwargs)
+                self.call(method, kwargs)
             except Exception as e:  # noqa: BLE001  (any transport or server error: keep the call, retry later)
                 if getattr(e, "error_code", None) in REJECTED:
                     logger.warning("MLflow rejected a %s call, dropped it: %s", method, _short(e))
@@ -146,6 +211,14 @@ class MlflowRun:
             self._down_since = None
         return True
 
+    def call(self, method: str, kwargs: dict[str, Any]) -> None:
+        """One call now (the deferred run resolved first); raises what the client raises."""
+        self.run_id = resolve_run_id(self.client, self.run_id)
+        if method in OPERATIONS:
+            self.results[method] = OPERATIONS[method](self.client, self.run_id, **kwargs)
+        else:
+            self.results[method] = getattr(self.client, method)(self.run_id, **kwargs)
+
     def close(self, wait_s: float = 30.0) -> bool:
         """Flush, retrying for up to ``wait_s``; what is still queued goes to ``pending_file``."""
         deadline = time.monotonic() + wait_s
@@ -157,12 +230,15 @@ class MlflowRun:
             self.pending_file.parent.mkdir(parents=True, exist_ok=True)
             with self.pending_file.open("a") as f:
                 for method, kwargs in self.queue:
-                    f.write(json.dumps({"run_id": self.run_id, "method": method, "args": _plain(kwargs)}) + "\n")
+                    record = {"run_id": self.run_id, "method": method, "args": _plain(kwargs)}
+                    f.write(json.dumps({**record, "tracking_uri": self.tracking_uri}) + "\n")
         logger.warning(
             "MLflow at %s is unreachable: %d call(s) not sent%s",
             self.tracking_uri,
             len(self.queue),
-            f"; written to {self.pending_file}" if self.pending_file else "",
+            f"; written to {self.pending_file} (`grpo tracking sync {self.pending_file.parent}` sends them later)"
+            if self.pending_file
+            else "",
         )
         return False
 

@@ -4,20 +4,26 @@ One MLflow run per pipeline key (the resolved config and the training data): a r
 finds and continues the same run instead of starting a second one. The trainer logs its per-step
 metrics into it (``GRPO_MLFLOW_RUN_ID``); the pipeline adds the evaluations, the uplift, the plots and the
 registered model. Plain functions: the Prefect flow calls them, tests call them without Prefect.
+
+A server that is down when the pipeline starts does not stop it: the run is *deferred* (mlflow_run.py),
+every call waits in the queue, and is sent when the server answers or written to the run's pending file
+for ``grpo tracking sync``.
 """
 
 import hashlib
 import json
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from grpo_core.config.load import to_flat_dict, to_yaml
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.tracking import METRICS_FILE
-from grpo_core.tracking.mlflow_run import MlflowRun, quick_http, tracking_uri
+from grpo_core.tracking.mlflow_run import KEY_TAG, MlflowRun, quick_http, tracking_uri
 from grpo_core.tracking.plots import plot_run
+from grpo_core.tracking.sync import PENDING_FILE
 
-KEY_TAG = "grpo.pipeline_key"
+logger = logging.getLogger(__name__)
 NOT_IN_KEY = (
     "tracking.",
     "evaluation.",
@@ -44,22 +50,29 @@ def pipeline_key(cfg: GRPOConfig) -> str:
 
 
 def open_pipeline_run(cfg: GRPOConfig, key: str, tags: dict[str, str], local_dir: Path) -> MlflowRun:
-    """The pipeline's MLflow run: the unfinished or finished one with this key, else a new one."""
-    from mlflow import MlflowClient
-
-    quick_http()  # a server that is down fails the pipeline in seconds, not after minutes of retries
+    """The pipeline's MLflow run: the unfinished or finished one with this key, else a new one; a deferred
+    one (created when the server answers) when the server is down now."""
+    quick_http()  # a server that is down costs the pipeline seconds, not minutes of retries
     t, uri = cfg.trainer, tracking_uri(cfg)
-    pending = local_dir / "mlflow_pending.jsonl"
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(t.project_name)
-    if experiment is not None:
-        found = client.search_runs([experiment.experiment_id], f"tags.`{KEY_TAG}` = '{key}'", max_results=1)
-        if found:
-            run = MlflowRun(uri, found[0].info.run_id, pending_file=pending)
+    pending = local_dir / PENDING_FILE
+    try:
+        run = _found_run(uri, t.project_name, key, pending)
+    except Exception as e:  # noqa: BLE001  (any transport or server error: train now, track when it answers)
+        logger.warning(
+            "MLflow at %s does not answer (%s); training goes on and its tracking is sent when the server is "
+            "back, else kept in %s",
+            uri,
+            str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__,
+            pending,
+        )
+        tags = {"mlflow.runName": t.experiment_name, **tags}
+        run = MlflowRun.deferred(uri, t.project_name, key, tags, pending_file=pending)
+    else:
+        if run is not None:
             run.set_tags(tags)
-            run.client.update_run(run.run_id, status="RUNNING")
+            run.set_status("RUNNING")
             return run
-    run = MlflowRun.create(uri, t.project_name, t.experiment_name, {KEY_TAG: key, **tags}, pending_file=pending)
+        run = MlflowRun.create(uri, t.project_name, t.experiment_name, {KEY_TAG: key, **tags}, pending_file=pending)
     run.log_params(to_flat_dict(cfg))
     local_dir.mkdir(parents=True, exist_ok=True)
     resolved = local_dir / "resolved_config.yaml"
@@ -68,9 +81,28 @@ def open_pipeline_run(cfg: GRPOConfig, key: str, tags: dict[str, str], local_dir
     return run
 
 
+def _found_run(uri: str, experiment_name: str, key: str, pending: Path) -> MlflowRun | None:
+    """The run of ``experiment_name`` tagged with ``key``, or None; raises when the server does not answer."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(experiment_name)
+    if experiment is None:
+        return None
+    found = client.search_runs([experiment.experiment_id], f"tags.`{KEY_TAG}` = '{key}'", max_results=1)
+    return MlflowRun(uri, found[0].info.run_id, pending_file=pending) if found else None
+
+
 def run_url(run: MlflowRun) -> str:
-    """A link to the run in the MLflow UI (for a local store: the UI to start, then the link)."""
-    info = run.client.get_run(run.run_id).info
+    """A link to the run in the MLflow UI (for a local store: the UI to start, then the link); what to run
+    when the run is not on the server yet."""
+    try:
+        info = run.client.get_run(run.run_id).info if run.flush() else None
+    except Exception:  # noqa: BLE001  (the server went away since the flush)
+        info = None
+    if info is None:
+        where = run.pending_file.parent if run.pending_file else "RUN_DIR"
+        return f"not sent yet: MLflow at {run.tracking_uri} is unreachable (`grpo tracking sync {where}` sends it)"
     path = f"#/experiments/{info.experiment_id}/runs/{run.run_id}"
     uri = run.tracking_uri
     if uri.startswith(("http://", "https://")):
@@ -158,25 +190,14 @@ def record_results(
 
 
 def register_model(run: MlflowRun, cfg: GRPOConfig, model_dir: Path, uplift: float) -> tuple[str, bool]:
-    """The exported model as a run artifact and a new registry version; alias ``champion`` above the threshold."""
-    from mlflow.exceptions import MlflowException
-
+    """The exported model as a run artifact and a new registry version; alias ``champion`` above the threshold.
+    The version is "pending" while the server is away (the registration waits in the run's queue)."""
     run.log_artifact(model_dir, "model")
-    if not run.flush():
-        raise ConnectionError(f"MLflow at {run.tracking_uri} is unreachable; cannot register the model now")
     name = cfg.tracking.registered_model_name or cfg.trainer.project_name
-    client = run.client
-    try:
-        client.create_registered_model(name)
-    except MlflowException as e:
-        if e.error_code != "RESOURCE_ALREADY_EXISTS":
-            raise
-    source = f"{client.get_run(run.run_id).info.artifact_uri}/model"
-    version = client.create_model_version(name, source, run_id=run.run_id, tags={"accuracy_uplift": f"{uplift:.6f}"})
     champion = uplift > cfg.tracking.champion_min_uplift
-    if champion:
-        client.set_registered_model_alias(name, "champion", version.version)
-    return version.version, champion
+    tags = {"accuracy_uplift": f"{uplift:.6f}"}
+    version = run.register_model(name, tags, "champion" if champion else None)
+    return version or "pending", champion
 
 
 def markdown_report(summary: PipelineSummary, cfg: GRPOConfig) -> str:

@@ -1,0 +1,138 @@
+"""Known-harmless library chatter out of the terminal, kept in the run's log.
+
+Megatron on a machine without Apex or Transformer Engine says so at every import, torch announces
+deprecations megatron triggers, megatron's FSDP logs its set-up at INFO. None of it is actionable here;
+all of it used to come before a command's own first line. ``quiet_terminal`` (called first thing by the
+CLI, so before megatron is imported, in the launcher and in every rank) routes what ``NOISE`` and
+``QUIET_LOGGERS`` describe away from the terminal:
+
+- in a rank (its output is the run's log file, ``launch/node<R>.log``) the chatter is written as one line
+  starting with ``MARK``; the launcher's echo (launch/run.py) leaves such lines out of the terminal;
+- in the CLI process it is kept in memory until ``attach_log`` names the run's log file (``grpo train`` and
+  ``grpo pipeline`` do), where it is written; a command without a run directory drops it.
+
+Any other warning is shown as Python shows it.
+"""
+
+import logging
+import re
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+MARK = "[library] "
+MAX_KEPT = 1000  # lines kept in memory before a log file is named (a command without one drops them)
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Warnings of ``category`` (or a subclass) raised from a file whose path contains ``path``, whose
+    message matches ``message`` (a regex searched in it)."""
+
+    category: type[Warning]
+    path: str
+    message: str
+    why: str
+
+
+NOISE = (
+    Noise(
+        UserWarning, "/megatron/", r"(Apex|Transformer Engine)( and Apex)? (is|are) not installed", "CPU/no-TE set-up"
+    ),
+    Noise(UserWarning, "/megatron/", r"(?i)deprecat", "megatron's own deprecation notices (GPTModel, layer specs)"),
+    Noise(DeprecationWarning, "/megatron/", r"", "megatron's own deprecation notices (moved imports)"),
+    Noise(FutureWarning, "/megatron/", r"", "megatron's own deprecation notices"),
+    Noise(SyntaxWarning, "/megatron/", r"", "invalid escapes in megatron's docstrings"),
+    Noise(DeprecationWarning, "/torch/", r"", "torch deprecations that megatron triggers"),
+    Noise(FutureWarning, "/torch/", r"", "torch deprecations that megatron triggers"),
+    Noise(
+        UserWarning,
+        "grpo_core/cpu_compat.py",
+        r"\.grad attribute of a Tensor that is not a leaf",
+        "megatron's CPU path",
+    ),
+    Noise(Warning, "/sqlalchemy/", r"(?i)deprecat", "MLflow's SQL store"),
+)
+QUIET_LOGGERS = ("megatron",)  # their INFO (set-up, buckets) is for megatron developers; WARNING and up is shown
+
+
+def is_noise(category: type[Warning], filename: str, message: str) -> bool:
+    path = filename.replace("\\", "/")
+    return any(issubclass(category, n.category) and n.path in path and re.search(n.message, message) for n in NOISE)
+
+
+def is_quiet_record(record: logging.LogRecord) -> bool:
+    return record.name.startswith(QUIET_LOGGERS) and record.levelno < logging.WARNING
+
+
+class _Sink:
+    """Where the chatter goes: marked lines on a stream (a rank), or a buffer, then a file (the CLI)."""
+
+    def __init__(self) -> None:
+        self.stream: TextIO | None = None
+        self.buffer: list[str] = []
+        self.file: TextIO | None = None
+
+    def write(self, line: str) -> None:
+        if self.stream is not None:
+            self.stream.write(MARK + line + "\n")
+            self.stream.flush()
+        elif self.file is not None:
+            self.file.write(line + "\n")
+            self.file.flush()
+        elif len(self.buffer) < MAX_KEPT:
+            self.buffer.append(line)
+
+
+_sink = _Sink()
+_installed = False
+
+
+class _QuietFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if is_quiet_record(record):
+            _sink.write(f"{record.levelname} {record.name}: {record.getMessage()}")
+            return False
+        return True
+
+
+def quiet_terminal(marked: bool) -> None:
+    """Install the routing for this process (idempotent), after ``logging.basicConfig``: the root logger's
+    handlers get the filter. ``marked``: write the chatter to stderr as ``MARK`` lines (a rank, whose
+    stderr is the log file); else keep it for ``attach_log``."""
+    global _installed
+    _sink.stream = sys.stderr if marked else None
+    if _installed:
+        return
+    _installed = True
+    show = warnings.showwarning
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if is_noise(category, str(filename), str(message)):
+            _sink.write(f"{category.__name__}: {message} ({filename}:{lineno})")
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = showwarning
+    quiet = _QuietFilter()
+    for handler in logging.getLogger().handlers:  # a record of a child logger passes only handlers' filters
+        handler.addFilter(quiet)
+
+
+def attach_log(path: str | Path) -> Path:
+    """Write what was kept so far, and what comes later, to ``path`` (appended)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _sink.file = path.open("a")  # noqa: SIM115  (open for the life of the process)
+    for line in _sink.buffer:
+        _sink.file.write(line + "\n")
+    _sink.file.flush()
+    _sink.buffer.clear()
+    return path
+
+
+def is_marked(line: str) -> bool:
+    """A line of a rank's log (``[default0]:`` or ``0: [default0]:`` prefixed, or not) that is chatter."""
+    return MARK in line[:40]
