@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_core.evaluation.gsm8k import EvalResult, evaluate, write_results
-from grpo_core.trainer.checkpoint import STATE_FILE, CheckpointError
+from grpo_core.trainer.checkpoint import STATE_FILE, CheckpointError, verify_checkpoint
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ def is_checkpoint(path: str | Path) -> bool:
 def exported_model(checkpoint: str | Path) -> Path:
     """``<checkpoint>/hf``, written by ``grpo export`` unless an earlier call already did."""
     checkpoint = Path(checkpoint)
+    verify_checkpoint(checkpoint)  # also when exported before: the export is only as good as the checkpoint
     out = checkpoint / "hf"
     if (out / "config.json").is_file():
         return out
@@ -54,7 +55,7 @@ def exported_model(checkpoint: str | Path) -> Path:
         env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
     )
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("error: ")
         raise CheckpointError(f"exporting {checkpoint} failed: {last}")
     partial.rename(out)
     return out
