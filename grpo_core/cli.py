@@ -30,6 +30,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Check the config, then train: in this process under torchrun, else start this node's ranks (or a Slurm job)."""
     from grpo_core.config.validate import missing_rendezvous
     from grpo_core.diagnostics.advice import missing_dependencies
+    from grpo_core.preflight import check_training_inputs
     from grpo_core.trainer.checkpoint import CheckpointManager, check_same_model
     from grpo_core.trainer.dry_run import print_notes_and_warnings, render_dry_run, resolve_run
 
@@ -46,6 +47,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     d = run.config.data
     if missing := [p for p in d.train_files + d.val_files if not Path(p).is_file()]:
         raise UserError(f"data file(s) {', '.join(missing)} do not exist; write them with `grpo prepare`")
+    check_training_inputs(run.config, run.shape.vocab_size)
     if launcher:  # a damaged or foreign checkpoint fails here, in one line, before any rank starts
         mode = run.config.trainer.resume_mode
         resume_from = CheckpointManager.for_run(run.config.trainer).resolve_resume(mode)

@@ -69,15 +69,21 @@ def evaluate_model(model: str, data_file: str, out_dir: str | Path, settings: Ev
 
     from grpo_core.data.gsm8k import DataError
     from grpo_core.data.prompts import load_rows
+    from grpo_core.models.shape import read_hf_config
+    from grpo_core.preflight import check_data_file, check_tokenizer_fits, check_weights
     from grpo_core.rollout.hf import HFEngine, ModelLoadError, load_tokenizer
 
+    check_data_file(data_file)  # before a checkpoint's export, which takes a while
     if is_checkpoint(model):
         model = str(exported_model(model))
+    check_weights(model, ("*.safetensors", "pytorch_model*.bin"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = load_rows(data_file, settings.limit)
     if not rows:
         raise DataError(f"{data_file} has no rows")
     tokenizer = load_tokenizer(model, settings.trust_remote_code)
+    if Path(model).is_dir() and isinstance(vocab := read_hf_config(model).get("vocab_size"), int):
+        check_tokenizer_fits(tokenizer, vocab, model, model)
     if not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError(f"the tokenizer of {model} has no chat template; evaluate needs a chat model")
     engine = HFEngine(model, tokenizer, settings.dtype, device, settings.batch_size, settings.trust_remote_code)
