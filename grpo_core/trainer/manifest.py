@@ -16,6 +16,7 @@ import json
 import os
 import pickle
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +141,9 @@ def _check_structure(root: Path) -> None:
     common = root / COMMON_FILE
     if common.is_file():
         try:
-            torch.load(common, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # its note on the pickle protocol would come before our one line
+                warnings.simplefilter("ignore")
+                torch.load(common, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:
             raise DamagedFile(common, f"refused: not plain tensors and numbers ({_weights_only_reason(e)})") from None
         except Exception as e:
