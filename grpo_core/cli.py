@@ -1,5 +1,5 @@
 """The ``grpo`` command: train (with --dry-run), pipeline, compare, tracking sync, plan, prepare, evaluate,
-export, keys.
+export, verify, keys.
 
 Every failure a user can cause ends in one clear message and a non-zero exit: 2 for invalid
 configuration or input, 1 for anything else; never a bare traceback.
@@ -32,7 +32,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Check the config, then train: in this process under torchrun, else start this node's ranks (or a Slurm job)."""
     from grpo_core.config.validate import missing_rendezvous
     from grpo_core.diagnostics.advice import missing_dependencies
-    from grpo_core.trainer.checkpoint import CheckpointManager, read_trainer_state
+    from grpo_core.preflight import check_training_inputs
+    from grpo_core.trainer.checkpoint import CheckpointManager, check_same_model
     from grpo_core.trainer.dry_run import print_notes_and_warnings, render_dry_run, resolve_run
 
     run = resolve_run(args.config, args.overrides)
@@ -48,9 +49,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     d = run.config.data
     if missing := [p for p in d.train_files + d.val_files if not Path(p).is_file()]:
         raise UserError(f"data file(s) {', '.join(missing)} do not exist; write them with `grpo prepare`")
-    resume_from = CheckpointManager.for_run(run.config.trainer).resolve_resume(run.config.trainer.resume_mode)
-    if resume_from is not None:
-        read_trainer_state(resume_from)  # an unreadable checkpoint fails here, in one line, not in every rank
+    check_training_inputs(run.config, run.shape.vocab_size)
+    if launcher:  # a damaged or foreign checkpoint fails here, in one line, before any rank starts
+        mode = run.config.trainer.resume_mode
+        resume_from = CheckpointManager.for_run(run.config.trainer).resolve_resume(mode)
+        if resume_from is not None:
+            check_same_model(resume_from, run.shape)
+            if mode == "auto":  # the ranks load the one verified here (a damaged newer one is not looked at again)
+                args.overrides = [*args.overrides, f"trainer.resume_mode={resume_from.resolve()}"]
     print_notes_and_warnings(run.report, err_console)
     if missing := missing_dependencies(run.config):
         for line in missing:
@@ -144,6 +150,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     except CheckpointError as e:
         raise UserError(str(e)) from None
     console.print(f"exported {args.checkpoint} as a Hugging Face model: {out}", markup=False)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Every file of a checkpoint against its manifest (or, for an older one, what can be checked)."""
+    from grpo_core.trainer.checkpoint import verify_checkpoint
+
+    v = verify_checkpoint(args.checkpoint)
+    if v.manifest:
+        how = f"every file matches its manifest ({v.bytes / 1e9:.3f} GB hashed at {v.gb_per_s:.2f} GB/s)"
+    else:
+        how = "no manifest (written before manifests): files present, metadata and shard sizes agree"
+    console.print(
+        f"{args.checkpoint}: intact; {v.files} files; {how}; {v.seconds:.2f} s",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     return 0
 
 
@@ -356,6 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("out_dir")
     export.set_defaults(func=cmd_export)
 
+    verify = sub.add_parser("verify", help="check that a training checkpoint is whole (its manifest's sizes, hashes)")
+    verify.add_argument("checkpoint", help="a checkpoint directory (…/step_000100, or a copy under any name)")
+    verify.set_defaults(func=cmd_verify)
+
     evaluate = sub.add_parser("evaluate", help="GSM8K accuracy of a model (hub id, local or `grpo export` directory)")
     evaluate.add_argument("--model", required=True, help="hub id or local Hugging Face directory (with tokenizer)")
     evaluate.add_argument("--data", required=True, help="verl-schema parquet, e.g. data/gsm8k/test.parquet")
@@ -418,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpo_core.data.gsm8k import DataError
     from grpo_core.models.shape import ModelShapeError
     from grpo_core.rollout.hf import ModelLoadError
-    from grpo_core.trainer.checkpoint import CheckpointError
+    from grpo_core.trainer.checkpoint import CheckpointError, CheckpointSaveError
 
     parser = build_parser()
     # Overrides may come before or after the flags, as in verl's command lines.
@@ -441,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, ModelShapeError, DataError, ModelLoadError, CheckpointError) as e:
         err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_INVALID
+    except CheckpointSaveError as e:  # the filesystem's fault, not the input's
+        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        return EXIT_FAILURE
     except ModuleNotFoundError as e:
         from grpo_core.diagnostics.advice import missing_module_line
 

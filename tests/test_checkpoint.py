@@ -4,13 +4,18 @@ saved at TP=2 resumes at TP=1."""
 
 import json
 import os
+import pickle
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 
-from grpo_core.trainer.checkpoint import CheckpointError, CheckpointManager
+from grpo_core.trainer.checkpoint import CheckpointError, CheckpointManager, verify_checkpoint
+from grpo_core.trainer.manifest import file_hash
 from tests.dist.launch import torchrun
 from tests.test_actor import tiny_llama  # noqa: F401  (fixture)
 
@@ -46,8 +51,10 @@ def uninterrupted(tiny_llama, tmp_path_factory):  # noqa: F811
     return tmp / "ckpt", steps_of(tmp / "out.jsonl")
 
 
-@pytest.mark.parametrize("crash", ["save:3", "step:3"])
+@pytest.mark.parametrize("crash", ["save:3", "step:3", "disk:3"])
 def test_killed_run_resumes_exactly(crash, tiny_llama, uninterrupted, tmp_path):  # noqa: F811
+    """Killed in a save or a step, or out of disk space (RLIMIT_FSIZE) in a save: the next run resumes from the
+    last complete checkpoint and reproduces the uninterrupted run."""
     root, out = tmp_path / "ckpt", tmp_path / "out.jsonl"
     proc = run(tiny_llama, root, out, steps=4, crash=crash)
     assert proc.returncode != 0
@@ -55,6 +62,15 @@ def test_killed_run_resumes_exactly(crash, tiny_llama, uninterrupted, tmp_path):
     assert manager.latest().name == "step_000002"  # the half-written step 3 is never picked up
     if crash.startswith("save"):
         assert (root / "step_000003.partial").is_dir()
+    if crash.startswith("disk"):
+        assert proc.returncode == 1
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, proc.stderr[-3000:]
+        assert errors[0].startswith(f"error: saving checkpoint {root / 'step_000003'} failed: rank 0: a write came up")
+        assert errors[0].endswith(f"the partial save was removed, the newest complete checkpoint is {root}/step_000002")
+        assert "[rank0]: Traceback" not in proc.stderr  # (torchrun itself reports the failed worker)
+        assert not (root / "step_000003.partial").exists()
+        verify_checkpoint(root / "step_000002")
     run(tiny_llama, root, out, steps=4)
     resumed, (_, straight) = steps_of(out), uninterrupted
     for step in (3, 4):
@@ -67,6 +83,9 @@ def test_killed_run_resumes_exactly(crash, tiny_llama, uninterrupted, tmp_path):
 def test_saved_at_tp2_resumes_at_tp1(tiny_llama, uninterrupted, tmp_path):  # noqa: F811
     root, out = tmp_path / "ckpt", tmp_path / "out.jsonl"
     run(tiny_llama, root, out, steps=2, nproc=2, tp=2)
+    files = json.loads((root / "step_000002" / "manifest.json").read_text())["files"]
+    assert {"rng/rank_0.pt", "rng/rank_1.pt"} <= set(files)  # written once, after both ranks' files
+    assert {f for f in files if f.endswith(".distcp")} == {p.name for p in (root / "step_000002").glob("*.distcp")}
     run(tiny_llama, root, out, steps=3, nproc=1, tp=1)
     resumed, (_, straight) = steps_of(out), uninterrupted
     assert set(resumed) == {1, 2, 3}
@@ -81,7 +100,9 @@ def test_export_writes_the_trained_actor_as_hugging_face(tiny_llama, uninterrupt
     from tests.dist.actor_worker import synthetic_batch
 
     root, straight = uninterrupted
-    checkpoint = root / "step_000004"
+    checkpoint = tmp_path / "the run's final weights"  # a copy under any name, written before manifests existed
+    shutil.copytree(root / "step_000004", checkpoint)
+    (checkpoint / "manifest.json").unlink()
     out = tmp_path / "hf"
     proc = subprocess.run(
         [sys.executable, "-m", "grpo_core.cli", "export", str(checkpoint), str(out)],
@@ -120,7 +141,7 @@ def test_save_interval():
     assert not CheckpointManager("unused", save_freq=-1).should_save(5, last_step=False)
 
 
-def test_resume_mode(tmp_path):
+def test_resume_mode(tmp_path, caplog):
     manager = CheckpointManager(tmp_path)
     assert manager.resolve_resume("auto") is None
     assert manager.resolve_resume("disable") is None
@@ -128,3 +149,180 @@ def test_resume_mode(tmp_path):
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         manager.resolve_resume(str(tmp_path / "step_000005.partial"))
     assert manager.resolve_resume("auto") is None
+    for step in (1, 2):  # complete (a trainer state) but no shards: damaged, each named once
+        (tmp_path / f"step_00000{step}").mkdir()
+        (tmp_path / f"step_00000{step}" / "trainer_state.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"no intact checkpoint in .* \(all 2 damaged"):
+        manager.resolve_resume("auto")  # not a fresh start, which would purge them
+    named = [r.getMessage().split(": ")[2] for r in caplog.records if r.levelname == "WARNING"]
+    assert named == [str(tmp_path / "step_000002" / ".metadata"), str(tmp_path / "step_000001" / ".metadata")]
+
+
+# ---- damaged checkpoints: each fault on a copy of the uninterrupted run's checkpoints -------------------------
+
+
+class RunsACommand:
+    """A pickle that runs a command when loaded: what torch's weights_only and the metadata check refuse."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def cut(path: Path, size: int = 100_000) -> None:
+    os.truncate(path, size)
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def command_pickle(path: Path) -> None:
+    path.write_bytes(pickle.dumps(RunsACommand(path.parent / "PWNED")))
+
+
+# (name, file, damage, keep the manifest, what the error line says after the file's path)
+DAMAGE = [
+    ("cut shard", "__0_0.distcp", cut, True, ": 100000 bytes, the manifest says"),
+    ("changed shard", "__0_1.distcp", flip_a_byte, True, ": content differs from the manifest (hash mismatch)"),
+    ("missing file", "rng/rank_0.pt", os.unlink, True, ": missing (listed in the manifest)"),
+    ("cut shard, no manifest", "__0_0.distcp", cut, False, ": truncated: 100000 bytes, the metadata needs"),
+    ("command pickle as common.pt, no manifest", "common.pt", command_pickle, False, ": refused: not plain tensors"),
+    ("command pickle as .metadata, no manifest", ".metadata", command_pickle, False, ": not torch checkpoint metadata"),
+]
+
+
+def damaged_copy(uninterrupted, tmp_path, file, damage, keep_manifest) -> Path:
+    root, _ = uninterrupted
+    checkpoint = tmp_path / "copy"
+    shutil.copytree(root / "step_000004", checkpoint)
+    if not keep_manifest:
+        (checkpoint / "manifest.json").unlink()
+    damage(checkpoint / file)
+    return checkpoint
+
+
+def test_every_save_has_a_manifest_of_all_its_files(uninterrupted):
+    root, _ = uninterrupted
+    checkpoint = root / "step_000004"
+    files = json.loads((checkpoint / "manifest.json").read_text())["files"]
+    on_disk = {str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*") if p.is_file()} - {"manifest.json"}
+    assert set(files) == on_disk
+    assert {"trainer_state.json", ".metadata", "common.pt", "rng/rank_0.pt"} <= on_disk
+    for name, entry in files.items():
+        assert entry == {"size": (checkpoint / name).stat().st_size, "hash": file_hash(checkpoint / name)}
+    assert file_hash(checkpoint / "common.pt") == xxhash.xxh3_128((checkpoint / "common.pt").read_bytes()).hexdigest()
+
+
+def test_verify_reports_an_intact_checkpoint_and_its_speed(uninterrupted, capsys):
+    from grpo_core.cli import main
+
+    root, _ = uninterrupted
+    assert main(["verify", str(root / "step_000004")]) == 0
+    line = capsys.readouterr().out
+    assert "step_000004: intact; " in line and "files; every file matches its manifest" in line and "GB/s" in line
+
+
+@pytest.mark.parametrize(
+    ("file", "damage", "keep_manifest", "says"), [d[1:] for d in DAMAGE], ids=[d[0] for d in DAMAGE]
+)
+def test_verify_names_the_damaged_file(file, damage, keep_manifest, says, uninterrupted, tmp_path, capsys):
+    from grpo_core.cli import main
+
+    checkpoint = damaged_copy(uninterrupted, tmp_path, file, damage, keep_manifest)
+    assert main(["verify", str(checkpoint)]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert errors[0].startswith(f"error: damaged checkpoint: {checkpoint / file}{says}"), err
+    assert not (checkpoint / "PWNED").exists()
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "grpo_core.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def one_error(proc: subprocess.CompletedProcess, code: int = 2) -> str:
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    "command,case",
+    [("export", 0), ("export", 4), ("evaluate", 0)],
+    ids=[f"export, {DAMAGE[0][0]}", f"export, {DAMAGE[4][0]}", f"evaluate, {DAMAGE[0][0]}"],
+)
+def test_loading_a_damaged_checkpoint_is_one_line_and_exit_2(command, case, uninterrupted, tmp_path):
+    from tests.support.tiny import capitals_data
+
+    _, file, damage, keep_manifest, says = DAMAGE[case]
+    checkpoint = damaged_copy(uninterrupted, tmp_path, file, damage, keep_manifest)
+    if command == "export":
+        proc = cli("export", str(checkpoint), str(tmp_path / "out"))
+    else:
+        data = capitals_data(tmp_path / "data") / "test.parquet"
+        proc = cli("evaluate", "--model", str(checkpoint), "--data", str(data), "--output", str(tmp_path / "out"))
+    assert one_error(proc).startswith(f"error: damaged checkpoint: {checkpoint / file}{says}")
+    assert not (checkpoint / "PWNED").exists() and not (tmp_path / "out").exists()
+    assert not (checkpoint / "hf").exists()
+
+
+def test_export_of_another_models_shards_is_one_line_and_exit_2(uninterrupted, tmp_path):
+    """The trainer state says one model, the shards hold another (shapes differ): refused by megatron's loader."""
+    from grpo_core.trainer.manifest import write_manifest
+
+    checkpoint = damaged_copy(uninterrupted, tmp_path, "trainer_state.json", lambda p: None, True)
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    state["hf_config"]["intermediate_size"] = 96
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    write_manifest(checkpoint)  # intact files, of another model
+    error = one_error(cli("export", str(checkpoint), str(tmp_path / "out")))
+    assert error.startswith(f"error: {checkpoint}: cannot load it into this model: "), error
+    assert "shape" in error
+
+
+def test_resume_skips_a_damaged_newest_checkpoint_with_one_warning(tiny_llama, uninterrupted, tmp_path):  # noqa: F811
+    src, straight = uninterrupted
+    root, out = tmp_path / "ckpt", tmp_path / "out.jsonl"
+    shutil.copytree(src, root)
+    cut(root / "step_000004" / "__0_0.distcp")
+    proc = run(tiny_llama, root, out, steps=4)
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: damaged checkpoint")]
+    assert len(warnings) == 1, proc.stderr[-3000:]
+    assert f"{root / 'step_000004' / '__0_0.distcp'}: 100000 bytes, the manifest says" in warnings[0]
+    resumed = steps_of(out)
+    assert set(resumed) == {4}  # resumed from step 3, the newest intact one
+    assert resumed[4]["metrics"] == straight[4]["metrics"] and resumed[4]["log_probs"] == straight[4]["log_probs"]
+    verify_checkpoint(root / "step_000004")  # written anew, whole
+
+
+@pytest.mark.parametrize("fault", ["damaged", "another model"])
+def test_train_refuses_a_damaged_or_foreign_checkpoint_before_any_rank_starts(fault, uninterrupted, tmp_path):
+    """trainer.resume_mode=PATH: checked by `grpo train` itself, in one line, before torchrun starts a rank."""
+    from tests.support.tiny import TOKENIZER, capitals_data, tiny_model_dir
+    from tests.test_train import base_overrides, grpo_train
+
+    if not TOKENIZER.is_dir():
+        pytest.skip(f"{TOKENIZER} (the shared SmolLM2 tokenizer) is not present")
+    root, _ = uninterrupted
+    checkpoint = tmp_path / "given"
+    shutil.copytree(root / "step_000004", checkpoint)
+    if fault == "damaged":
+        cut(checkpoint / "__0_0.distcp")
+        says = f"error: damaged checkpoint: {checkpoint / '__0_0.distcp'}: 100000 bytes, the manifest says"
+    else:  # the checkpoint's model has 4 layers and 256 tokens, the tiny model directory 2 layers and 49152
+        says = f"error: {checkpoint / 'trainer_state.json'}: the checkpoint is of another model (num_layers 4 there"
+    run = tmp_path / "run"
+    overrides = base_overrides(tiny_model_dir(tmp_path / "model"), capitals_data(tmp_path / "data"), 1)
+    proc = grpo_train(run, *overrides, f"trainer.resume_mode={checkpoint}")
+    assert one_error(proc).startswith(says), proc.stderr[-2000:]
+    assert not (run / "launch").exists()

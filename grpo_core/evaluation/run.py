@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_core.evaluation.gsm8k import EvalResult, evaluate, write_results
-from grpo_core.trainer.checkpoint import STATE_FILE, CheckpointError
+from grpo_core.trainer.checkpoint import STATE_FILE, CheckpointError, verify_checkpoint
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ def is_checkpoint(path: str | Path) -> bool:
 def exported_model(checkpoint: str | Path) -> Path:
     """``<checkpoint>/hf``, written by ``grpo export`` unless an earlier call already did."""
     checkpoint = Path(checkpoint)
+    verify_checkpoint(checkpoint)  # also when exported before: the export is only as good as the checkpoint
     out = checkpoint / "hf"
     if (out / "config.json").is_file():
         return out
@@ -55,7 +56,7 @@ def exported_model(checkpoint: str | Path) -> Path:
         env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
     )
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("error: ")
         raise CheckpointError(f"exporting {checkpoint} failed: {last}")
     partial.rename(out)
     return out
@@ -76,15 +77,21 @@ def evaluate_model(
 
     from grpo_core.data.gsm8k import DataError
     from grpo_core.data.prompts import load_rows
+    from grpo_core.models.shape import read_hf_config
+    from grpo_core.preflight import check_data_file, check_tokenizer_fits, check_weights
     from grpo_core.rollout.hf import HFEngine, ModelLoadError, load_tokenizer
 
+    check_data_file(data_file)  # before a checkpoint's export, which takes a while
     if is_checkpoint(model):
         model = str(exported_model(model))
+    check_weights(model, ("*.safetensors", "pytorch_model*.bin"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = load_rows(data_file, settings.limit)
     if not rows:
         raise DataError(f"{data_file} has no rows")
     tokenizer = load_tokenizer(model, settings.trust_remote_code)
+    if Path(model).is_dir() and isinstance(vocab := read_hf_config(model).get("vocab_size"), int):
+        check_tokenizer_fits(tokenizer, vocab, model, model)
     if not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError(f"the tokenizer of {model} has no chat template; evaluate needs a chat model")
     engine = HFEngine(model, tokenizer, settings.dtype, device, settings.batch_size, settings.trust_remote_code)

@@ -1,15 +1,18 @@
-"""Checkpoints that a crash can never half-write: megatron dist checkpoints plus the trainer's state.
+"""Checkpoints that a crash can never half-write and that prove they are whole: megatron dist checkpoints plus
+the trainer's state.
 
 Layout under ``root``::
 
     step_000010/          model + optimizer (megatron dist_checkpointing, reshardable), trainer_state.json,
-                          rng/rank_<r>.pt
-    step_000012.partial/  a save in progress (or killed): never loaded, removed by the next save
+                          rng/rank_<r>.pt, manifest.json (every file's size and hash: see manifest.py)
+    step_000012.partial/  a save in progress (or killed, or failed): never loaded, removed by the next save
     latest                the name of the newest complete checkpoint, replaced atomically
 
-All ranks write into ``step_N.partial``; after a barrier rank 0 writes ``trainer_state.json`` last and
-renames the directory (atomic on POSIX), then points ``latest`` at it. A checkpoint is complete exactly
-when its directory has no ``.partial`` suffix and holds ``trainer_state.json``.
+All ranks write into ``step_N.partial``; after a barrier rank 0 writes ``trainer_state.json``, then the
+manifest of every rank's files, and renames the directory (atomic on POSIX), then points ``latest`` at it.
+A checkpoint is complete when its directory (under any name but ``*.partial``) holds ``trainer_state.json``;
+it is intact when its files match its manifest (``verify_checkpoint``), which every load checks first.
+A save that fails (a full disk) removes its partial directory and raises CheckpointSaveError.
 """
 
 import json
@@ -22,6 +25,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from grpo_core.trainer import manifest
+from grpo_core.trainer.manifest import DamagedFile, Verified
+
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
@@ -30,6 +36,10 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 class CheckpointError(Exception):
     """A checkpoint asked for cannot be used; the message says why."""
+
+
+class CheckpointSaveError(Exception):
+    """A save failed for a reason of the environment (a full disk, a lost mount); its partial directory is gone."""
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -51,24 +61,61 @@ def _barrier() -> None:
 
 
 def is_complete(path: Path) -> bool:
-    return path.is_dir() and _STEP_DIR.match(path.name) is not None and (path / STATE_FILE).is_file()
+    return path.is_dir() and not path.name.endswith(".partial") and (path / STATE_FILE).is_file()
 
 
 def read_trainer_state(path: Path) -> dict:
+    path = Path(path)
     if not is_complete(path):
-        raise CheckpointError(f"{path} is not a complete checkpoint (no {STATE_FILE}, or a .partial save)")
+        why = (
+            "no such directory"
+            if not path.is_dir()
+            else "a save that did not finish (.partial)"
+            if path.name.endswith(".partial")
+            else f"no {STATE_FILE} in it"
+        )
+        raise CheckpointError(f"{path} is not a complete checkpoint: {why}")
     try:
         return json.loads((path / STATE_FILE).read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path / STATE_FILE}:{e.lineno}: unreadable trainer state ({e.msg})") from None
 
 
+def verify_checkpoint(path: str | Path) -> Verified:
+    """A complete checkpoint whose files are whole (manifest.verify); CheckpointError naming the bad file."""
+    path = Path(path)
+    read_trainer_state(path)
+    try:
+        return manifest.verify(path)
+    except DamagedFile as e:
+        raise CheckpointError(f"damaged checkpoint: {e}") from None
+
+
+def check_same_model(path: Path, shape) -> None:
+    """CheckpointError when the checkpoint at ``path`` holds another model than ``shape`` (a ModelShape)."""
+    from grpo_core.models.shape import ModelShape
+
+    saved = read_trainer_state(path).get("hf_config")
+    if saved is None:
+        return
+    theirs = ModelShape.from_hf_config(saved)
+    if diff := [f"{k} {v} there, {getattr(shape, k)} here" for k, v in vars(theirs).items() if getattr(shape, k) != v]:
+        raise CheckpointError(
+            f"{Path(path) / STATE_FILE}: the checkpoint is of another model ({', '.join(diff[:3])}); "
+            "resume with the model it was trained from, or set trainer.resume_mode=disable"
+        )
+
+
 def load_actor_state(path: Path, actor) -> None:
     """Model (and, for a trainable actor, optimizer) from a dist checkpoint, resharded to the actor's layout."""
     from megatron.core import dist_checkpointing
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
-    loaded = dist_checkpointing.load(actor.sharded_state_dict(is_loading=True), str(path))
-    actor.load_sharded_state_dict(loaded)
+    try:
+        loaded = dist_checkpointing.load(actor.sharded_state_dict(is_loading=True), str(path))
+        actor.load_sharded_state_dict(loaded)
+    except (Exception, CheckpointException) as e:
+        raise CheckpointError(f"{path}: cannot load it into this model: {_failure_text(e)}") from e
 
 
 class CheckpointManager:
@@ -91,10 +138,11 @@ class CheckpointManager:
     def complete_checkpoints(self) -> list[Path]:
         if not self.root.is_dir():
             return []
-        found = [p for p in self.root.iterdir() if is_complete(p)]
+        found = [p for p in self.root.iterdir() if _STEP_DIR.match(p.name) and is_complete(p)]
         return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
 
     def latest(self) -> Path | None:
+        """The newest complete checkpoint (not verified)."""
         pointer = self.root / "latest"
         if pointer.is_file():
             candidate = self.root / pointer.read_text().strip()
@@ -108,16 +156,53 @@ class CheckpointManager:
         if resume_mode == "disable":
             return None
         if resume_mode == "auto":
-            return self.latest()
+            return self.newest_intact()
         path = Path(resume_mode)
-        read_trainer_state(path)  # raises with the reason when it cannot be used
+        verify_checkpoint(path)  # raises with the reason when it cannot be used
         return path
 
-    def save(self, step: int, actor, trainer_state: dict) -> Path:
-        from megatron.core import dist_checkpointing
+    def newest_intact(self) -> Path | None:
+        """The newest checkpoint that verifies; each damaged one newer than it gets one warning naming the file.
+        None when there is none; CheckpointError when there are some and all are damaged (starting over would
+        purge them: that takes trainer.resume_mode=disable)."""
+        newest = self.latest()
+        candidates = [newest] if newest is not None else []
+        candidates += [p for p in reversed(self.complete_checkpoints()) if p != newest]
+        for path in candidates:
+            try:
+                verify_checkpoint(path)
+                return path
+            except CheckpointError as e:
+                logger.warning("warning: %s; skipped, resuming from an older checkpoint if one is intact", e)
+        if candidates:
+            raise CheckpointError(
+                f"no intact checkpoint in {self.root} (all {len(candidates)} damaged, see the warnings); "
+                "set trainer.resume_mode=disable to start over"
+            )
+        return None
 
+    def save(self, step: int, actor, trainer_state: dict) -> Path:
+        """Write ``step_N``; CheckpointSaveError (partial directory removed) when the filesystem fails."""
         final = self.root / f"step_{step:06d}"
         partial = final.with_name(final.name + ".partial")
+        try:
+            self._write(partial, final, step, actor, trainer_state)
+        except BaseException as e:  # torch's CheckpointException is a BaseException
+            shutil.rmtree(partial, ignore_errors=True)
+            if (cause := _write_failure(e)) is None:
+                raise
+            previous = self.latest()
+            kept = f"the newest complete checkpoint is {previous}" if previous else "no earlier checkpoint exists"
+            raise CheckpointSaveError(
+                f"saving checkpoint {final} failed: {cause} ({_free_space(self.root)}); "
+                f"the partial save was removed, {kept}"
+            ) from e
+        logger.info("saved checkpoint %s", final)
+        return final
+
+    def _write(self, partial: Path, final: Path, step: int, actor, trainer_state: dict) -> None:
+        from megatron.core import dist_checkpointing
+
         if _rank() == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             for stale in self.root.glob("*.partial"):
@@ -127,7 +212,7 @@ class CheckpointManager:
         dist_checkpointing.save(actor.sharded_state_dict(), str(partial))
         (partial / "rng").mkdir(exist_ok=True)
         torch.save({"cpu": torch.get_rng_state()}, partial / "rng" / f"rank_{_rank()}.pt")
-        _barrier()
+        _barrier()  # every rank's files are on disk: the manifest covers them all
         if _rank() == 0:
             state = {
                 **trainer_state,
@@ -136,14 +221,13 @@ class CheckpointManager:
                 "lr_scheduler": actor.scheduler_state(),
             }
             _atomic_write_text(partial / STATE_FILE, json.dumps(state, indent=2))
+            manifest.write_manifest(partial)
             if final.exists():
                 shutil.rmtree(final)
             os.replace(partial, final)
             _atomic_write_text(self.root / "latest", final.name)
             self._purge()
         _barrier()
-        logger.info("saved checkpoint %s", final)
-        return final
 
     def load(self, path: Path, actor) -> dict:
         """Restore the actor (any layout) and return the trainer state saved with it."""
@@ -164,3 +248,50 @@ class CheckpointManager:
             return
         for old in self.complete_checkpoints()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_failure(e: BaseException) -> str | None:
+    """What the filesystem said, when ``e`` is a failed write: an OSError (ours, or wrapped by megatron's writer)
+    or torch's CheckpointException (its writer processes report only their message). None for anything else."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return f"{e.strerror or e}{f' ({e.filename})' if e.filename else ''}"
+        if isinstance(e, CheckpointException):
+            return _failure_text(e)
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+# torch's zip writer says only this when the OS wrote fewer bytes than asked (disk full, a file size limit)
+_SHORT_WRITE = "unexpected pos"
+
+
+def _failure_text(e: BaseException) -> str:
+    """``e`` in one line; for torch's CheckpointException (whose text is a traceback) each rank's own message."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(e, CheckpointException) and (failures := getattr(e, "failures", None)):
+        return "; ".join(f"rank {r}: {_writer_message(f)}" for r, f in sorted(failures.items()))
+    return manifest.first_line(e)
+
+
+def _writer_message(failure) -> str:
+    """One writer process's failure (an exception, or megatron's (exception, frames) pair) in one line."""
+    error = failure[0] if isinstance(failure, tuple) else failure
+    text = manifest.first_line(error)
+    return (
+        f"a write came up short: the disk is full or a file size limit was hit ({text})"
+        if _SHORT_WRITE in text
+        else text
+    )
+
+
+def _free_space(path: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(path).free / 1e9:.1f} GB free there"
+    except OSError:
+        return "free space unknown"

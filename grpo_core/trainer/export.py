@@ -23,9 +23,10 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     from grpo_core.models.bridge import export_hf_weights
     from grpo_core.models.shape import ModelShape
     from grpo_core.planning.layout import ParallelLayout
-    from grpo_core.trainer.checkpoint import CheckpointError, load_actor_state, read_trainer_state
+    from grpo_core.trainer.checkpoint import CheckpointError, load_actor_state, read_trainer_state, verify_checkpoint
 
     checkpoint, out_dir = Path(checkpoint), Path(out_dir)
+    verify_checkpoint(checkpoint)  # a damaged file is named here, not by a traceback from torch's reader
     state = read_trainer_state(checkpoint)
     if "hf_config" not in state:
         raise CheckpointError(f"{checkpoint}: the trainer state has no hf_config; it was not written by `grpo train`")

@@ -88,7 +88,10 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
     try:
         checkpoints = CheckpointManager.for_run(cfg.trainer)
         start_step = 0
-        resume_from = checkpoints.resolve_resume(cfg.trainer.resume_mode)
+        # rank 0 verifies (reads every file once) and picks; the others take its choice
+        choice = [checkpoints.resolve_resume(cfg.trainer.resume_mode) if rank == 0 else None]
+        dist.broadcast_object_list(choice, src=0)
+        resume_from = choice[0]
         if resume_from is not None:
             start_step = checkpoints.load(resume_from, actor)["step"]
         if resume_from is not None or _engine_starts_empty(cfg):

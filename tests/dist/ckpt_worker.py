@@ -9,6 +9,8 @@ finished step to --out.
 import argparse
 import json
 import os
+import resource
+import sys
 from pathlib import Path
 
 
@@ -20,7 +22,7 @@ from grpo_core.actor.parallel import init_distributed, init_model_parallel
 from grpo_core.models.shape import load_model_shape
 from grpo_core.planning.layout import ParallelLayout
 from grpo_core.trainer import checkpoint
-from grpo_core.trainer.checkpoint import CheckpointManager
+from grpo_core.trainer.checkpoint import CheckpointManager, CheckpointSaveError
 from tests.dist.actor_worker import synthetic_batch, with_old_and_ref
 
 
@@ -36,13 +38,25 @@ def crash_during_save_of(step: int) -> None:
     checkpoint.os.replace = replace
 
 
+def disk_full_during_save_of(step: int, manager: CheckpointManager) -> None:
+    """Files may grow to 1 MB from the save of ``step`` on (RLIMIT_FSIZE): the shards are bigger."""
+    real_save = manager.save
+
+    def save(at, *args, **kwargs):
+        if at == step:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        return real_save(at, *args, **kwargs)
+
+    manager.save = save
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hf-dir", required=True)
     parser.add_argument("--root", required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--crash", default="none", help="none | save:K | step:K")
+    parser.add_argument("--crash", default="none", help="none | save:K | step:K | disk:K (disk full in save K)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     init_distributed()
@@ -50,8 +64,14 @@ def main() -> None:
     init_model_parallel(layout, seed=7)
     shape = load_model_shape(args.hf_dir)
     settings = ActorSettings(
-        layout=layout, lr=1e-3, lr_warmup_steps=2, lr_decay_style="cosine", total_optimizer_steps=10,
-        mini_batch_rows=4, micro_batch_rows=2, loss=LossSettings(kl_loss_coef=0.1),
+        layout=layout,
+        lr=1e-3,
+        lr_warmup_steps=2,
+        lr_decay_style="cosine",
+        total_optimizer_steps=10,
+        mini_batch_rows=4,
+        micro_batch_rows=2,
+        loss=LossSettings(kl_loss_coef=0.1),
     )
     policy = MegatronActor(shape, settings, hf_path=args.hf_dir)
     manager = CheckpointManager(args.root, save_freq=1, keep=3)
@@ -63,6 +83,8 @@ def main() -> None:
     kind, _, at = args.crash.partition(":")
     if kind == "save":
         crash_during_save_of(int(at))
+    if kind == "disk":
+        disk_full_during_save_of(int(at), manager)
     for step in range(start + 1, args.steps + 1):
         batch = synthetic_batch(shape.vocab_size, rows=8)
         batch.input_ids = (batch.input_ids + step) % shape.vocab_size  # the data changes with the position
@@ -75,7 +97,11 @@ def main() -> None:
         if dist.get_rank() == 0:
             with open(args.out, "a") as f:
                 f.write(json.dumps({"step": step, "metrics": metrics, "log_probs": after.tolist()}) + "\n")
-        manager.save(step, policy, {"data_position": step, "hf_config": hf_config, "dtype": "float32"})
+        try:
+            manager.save(step, policy, {"data_position": step, "hf_config": hf_config, "dtype": "float32"})
+        except CheckpointSaveError as e:  # as `grpo train` reports it (grpo_core.cli.main)
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(1)
     dist.barrier()
     dist.destroy_process_group()
 
