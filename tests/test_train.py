@@ -5,6 +5,7 @@ Each test runs the real command (torchrun, gloo) on a tiny random Llama with the
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,50 @@ def test_tp2_run_resumes_from_its_checkpoint(tmp_path, capitals):
     for m in metrics(run):
         assert m["rollout/log_prob_diff_max"] < 1e-3, m  # both ranks' engines follow the TP-sharded actor
         assert m["timing/update"] > 0 and m["perf/throughput"] > 0
+
+
+DAPO_SAMPLING = [  # dynamic sampling, overlong shaping and clip-higher, as DAPO sets them (lengths scaled down)
+    "algorithm.filter_groups.enable=true",
+    "reward_model.reward_manager=dapo",
+    "reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+    "actor_rollout_ref.actor.clip_ratio_high=0.28",
+]
+UNTIMED = ("timing/", "perf/throughput", "perf/max_memory_gib")
+
+
+def test_dapo_run_killed_after_a_checkpoint_resumes_exactly(tmp_path, capitals):
+    """Dynamic sampling draws several prompt batches a step, so the data position is not the step number: a run
+    resumed from step 2's checkpoint (what a kill during step 3 leaves on disk: the .partial save is never
+    loaded) must draw step 3's batches from the saved position and reproduce the uninterrupted step 3 exactly."""
+    model = tiny_model_dir(tmp_path / "model")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    common = [
+        *base_overrides(model, capitals, 3),
+        *DAPO_SAMPLING,
+        "actor_rollout_ref.rollout.n=2",  # pairs often score alike: groups are dropped, batches redrawn
+        "algorithm.filter_groups.metric=score",
+        "algorithm.filter_groups.max_num_gen_batches=4",
+        "reward_model.reward_kwargs.max_resp_len=4",
+        "reward_model.reward_kwargs.overlong_buffer_cfg.len=2",
+        "trainer.save_freq=1",
+    ]
+    first = grpo_train(straight, *common)
+    assert first.returncode == 0, first.stderr[-4000:]
+    rows = metrics(straight)
+    drawn = [int(m["batch/gen_batches"]) for m in rows]
+    assert sum(drawn[:2]) > 2, drawn  # the position at step 3 is past step 3's own batch
+    checkpoints = resumed / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    shutil.copytree(straight / "checkpoints" / "step_000002", checkpoints / "step_000002")
+    (checkpoints / "step_000003.partial").mkdir()
+    (checkpoints / "latest").write_text("step_000002")
+    second = grpo_train(resumed, *common)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "resumed from" in second.stderr
+    [step3] = metrics(resumed)
+    expected = {k: v for k, v in rows[2].items() if not k.startswith(UNTIMED)}
+    assert {k: v for k, v in step3.items() if not k.startswith(UNTIMED)} == expected  # exactly
+    assert "reward/overlong_penalty_mean" in expected and expected["batch/groups_kept"] > 0
 
 
 def check_diagnostics(run: Path, stderr: str) -> None:

@@ -298,8 +298,6 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
     ),
     *_refused("preference-feedback PPO (use_pf_ppo)", "algorithm.use_pf_ppo", off=(False,)),
     *_ignored("used only with use_pf_ppo", "algorithm.pf_ppo.*"),
-    *_refused("DAPO's dynamic sampling (filter_groups)", "algorithm.filter_groups.enable", off=(False,)),
-    *_ignored("used only with filter_groups.enable", "algorithm.filter_groups.*"),
     *_refused(
         "rollout rejection sampling, bypass mode and batch-normalized weights (rollout_correction)",
         "algorithm.rollout_correction.rollout_rs",
