@@ -30,6 +30,8 @@ GUIDE_COMMANDS = [
     f"--config {REPO}/configs/grpo_advanced.yaml --dry-run",
     f"--config {REPO}/configs/grpo_megatron_large.yaml --dry-run",
     f"--config {REPO}/configs/demo_cpu.yaml --dry-run",
+    f"--config {REPO}/configs/dapo_qwen2_5_7b.yaml --dry-run",
+    f"--config {REPO}/configs/gspo_qwen3_30b_a3b.yaml --dry-run",
     f"--config {BASE} actor_rollout_ref.model.path=meta-llama/Llama-3.1-8B trainer.nnodes=2 "
     f"{MEGA}tensor_model_parallel_size=4 --dry-run",
     f"--config {BASE} trainer.nnodes=2 launch.launcher=slurm launch.slurm_options=[--partition=gpu] --dry-run",
@@ -200,6 +202,10 @@ FAMILY = [  # (overrides, what the dry run says: a note or a warning, or None)
         None,
     ),
     (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=10"], None),
+    (  # DAPO scripts size their generation batches; here every batch is train_batch_size prompts
+        ["algorithm.filter_groups.enable=true", "data.gen_batch_size=1536"],
+        "note: data.gen_batch_size: no effect here: prompts are generated data.train_batch_size at a time",
+    ),
     (
         ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_final_reward"],
         "note: algorithm.filter_groups.metric=seq_final_reward: no shaping is on",
