@@ -87,6 +87,7 @@ LEARNERS = {  # issue 16: each estimator / loss mode learns the task with GRPO's
         "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
     ],
 }
+LEARN_STEPS = {"grpo": 25}  # the others: 12 (measured over 25 steps, each is above 0.95 from step 5 on)
 
 
 @pytest.mark.parametrize("mode", LEARNERS)
@@ -96,7 +97,7 @@ def test_each_mode_learns_the_capitals_task(mode, tmp_path, capitals, learner_mo
     do the old log-prob passes (rollout.log_prob_use_dynamic_bsz). DAPO's reward/mean is of the kept groups
     (those not all right or all wrong): its learning is read from every drawn response's reward."""
     run = tmp_path / "run"
-    steps = 25
+    steps = LEARN_STEPS.get(mode, 12)
     result = grpo_train(
         run,
         *base_overrides(learner_model, capitals, steps),
