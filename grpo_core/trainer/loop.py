@@ -76,8 +76,9 @@ NO_SIGNAL = (
 )
 SHORT_STEP = (
     "step %d: %d of data.train_batch_size=%d prompt groups had a signal after algorithm.filter_groups."
-    "max_num_gen_batches=%d batches; the step trains on those (said once). The prompts may be too hard or "
-    "too easy for the model: raise max_num_gen_batches (0: no limit), rollout.n or the temperature"
+    "max_num_gen_batches=%d batches; the step trains on those (with none, on the last batch, which changes "
+    "nothing; said once). The prompts may be too hard or too easy for the model: raise max_num_gen_batches "
+    "(0: no limit), rollout.n or the temperature"
 )
 
 
