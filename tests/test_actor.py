@@ -1,8 +1,8 @@
 """The Megatron actor on CPU (torchrun + gloo): one GRPO update gives the same loss, grad norm and
 log-probs for TP1, TP2, PP2, DP2 (distributed optimizer) and TP2 x PP2, padded or packed, by rows or by a
-token budget; for every loss aggregation mode the update does not depend on the micro-batching (rows or
-a token budget) or on DP; and a few updates move the log-probs of positive-advantage responses up and of
-negative ones down."""
+token budget, and so do the GRPO family's updates (GSPO, rollout IS, RLOO's and REINFORCE++'s advantages);
+for every loss aggregation mode the update does not depend on the micro-batching (rows or a token budget)
+or on DP; and a few updates move the log-probs of positive-advantage responses up and of negative ones down."""
 
 import json
 
@@ -50,7 +50,8 @@ def layouts(tiny_llama, actor_out):
     ]
     for nproc, spec, extra in launches:
         path = out / f"r{nproc}.json"
-        torchrun("actor_worker.py", nproc, "--hf-dir", str(tiny_llama), "--layouts", spec, "--out", str(path), *extra)
+        args = ("--hf-dir", str(tiny_llama), "--layouts", spec, "--out", str(path), "--family", *extra)
+        torchrun("actor_worker.py", nproc, *args)
         results.update(json.loads(path.read_text()))
     return results
 
@@ -71,6 +72,29 @@ def test_every_layout_gives_the_same_update(layouts):
         assert torch.allclose(log_probs, torch.tensor(ref["log_probs"])[real], atol=1e-5), name
     assert ref["metrics"]["actor/grad_norm"] > 0
     assert 0 < ref["metrics"]["actor/pg_clipfrac"] < 1  # the synthetic old log-probs exercise clipping
+
+
+FAMILY_LAYOUTS = ("tp2_pp1_dp1", "tp1_pp2_dp1", "tp1_pp1_dp2", "tp2_pp2_dp1")  # the plain fp32 layouts but TP1
+
+
+@pytest.mark.parametrize("case", ["gspo", "is-token", "is-sequence", "rloo", "reinforce_plus_plus"])
+def test_the_family_updates_are_the_same_at_every_layout(layouts, case):
+    """Issue 16: GSPO, rollout importance sampling by token and by sequence, and RLOO's and REINFORCE++'s
+    advantages give TP1's update at TP2, PP2, DP2 and TP2 x PP2 (fp32, 1e-5), each from the initial weights, in the
+    launches of the layout test; and each is its own update, not the plain one's."""
+    ref = layouts["tp1_pp1_dp1"]["family"][case]
+    assert ref["actor/grad_norm"] > 0
+    assert ref["actor/grad_norm"] != pytest.approx(layouts["tp1_pp1_dp1"]["metrics"]["actor/grad_norm"], rel=1e-3)
+    for name in FAMILY_LAYOUTS:
+        got = layouts[name]["family"][case]
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac"):
+            assert got[key] == pytest.approx(ref[key], abs=1e-5), (name, key)
+
+
+def test_family_cases_are_the_workers():
+    from tests.dist.actor_worker import FAMILY_CASES
+
+    assert FAMILY_CASES == ("gspo", "is-token", "is-sequence", "rloo", "reinforce_plus_plus")
 
 
 @pytest.fixture(scope="module")

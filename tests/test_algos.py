@@ -18,13 +18,17 @@ from grpo_core.algos import (
     compute_policy_loss_gspo,
     compute_reinforce_plus_plus_outcome_advantage,
     compute_rloo_outcome_advantage,
+    draw_again,
+    filter_metric_values,
     get_adv_estimator,
     get_policy_loss,
+    groups_with_spread,
     kl_penalty,
     register_adv_estimator,
     register_policy_loss,
     rollout_is_metrics,
     rollout_is_weights,
+    trainable_groups,
 )
 
 EPS = 1e-6
@@ -514,3 +518,65 @@ def test_rollout_is_weights_multiply_each_tokens_policy_loss(loss_mode):
     torch.testing.assert_close(loss, torch.tensor(-1.0, dtype=torch.float64))
     loss.backward()
     torch.testing.assert_close(log_prob.grad, -adv * w / 4)
+
+
+# ---- dynamic sampling (DAPO's filter_groups) ----------------------------------------------------------------
+
+
+def test_filter_metric_values_by_hand():
+    scores, shaped = [1.0, 0.5, 0.0], [0.75, 0.5, -0.25]  # the first and last penalised for length
+    assert filter_metric_values("acc", scores, shaped, full_score=1.0) == [1.0, 0.0, 0.0]
+    assert filter_metric_values("acc", scores, shaped, full_score=0.5) == [1.0, 1.0, 0.0]
+    assert filter_metric_values("score", scores, shaped, 1.0) == scores
+    assert filter_metric_values("seq_reward", scores, shaped, 1.0) == scores
+    assert filter_metric_values("seq_final_reward", scores, shaped, 1.0) == shaped
+    with pytest.raises(ValueError, match="valid: \\['acc'"):
+        filter_metric_values("accuracy", scores, shaped, 1.0)
+
+
+def test_groups_with_spread_keeps_groups_that_differ_in_first_seen_order():
+    # group 3: 1, 0 differ; group 0: 1, 1 alike; group 2: 0, 0, 0 alike; group 1: 0, 0.5 differ; group 5 alone
+    values = [1, 0, 1, 1, 0, 0, 0, 0.0, 0.5, 0.25]
+    index = [3, 3, 0, 0, 2, 2, 2, 1, 1, 5]
+    assert groups_with_spread(values, index) == [3, 1, 5]
+    assert groups_with_spread([0.0] * 4, [0, 0, 1, 1]) == []
+    # interleaved rows: group 0 is rows 0 and 2 (0, 0), group 1 rows 1 and 3 (1, 0)
+    assert groups_with_spread([0, 1, 0, 0], [0, 1, 0, 1]) == [1]
+
+
+def test_draw_again_until_enough_groups_or_the_batch_budget():
+    assert draw_again(kept=3, wanted=8, drawn=1, max_num_gen_batches=0)  # 0: no limit
+    assert draw_again(kept=3, wanted=8, drawn=99, max_num_gen_batches=0)
+    assert draw_again(kept=3, wanted=8, drawn=2, max_num_gen_batches=3)
+    assert not draw_again(kept=3, wanted=8, drawn=3, max_num_gen_batches=3)  # budget spent: train on 3
+    assert not draw_again(kept=8, wanted=8, drawn=1, max_num_gen_batches=0)
+
+
+def test_trainable_groups_divide_over_dp():
+    assert trainable_groups(5, n=4, dp=2) == 5  # 20 rows split over 2
+    assert trainable_groups(5, n=3, dp=2) == 4  # 15 rows do not; 12 do
+    assert trainable_groups(7, n=1, dp=4) == 4
+    assert trainable_groups(1, n=1, dp=2) == 0  # nothing divides
+    assert trainable_groups(0, n=5, dp=1) == 0
+
+
+def test_generation_groups_and_concat_renumber_prompts():
+    from grpo_core.rollout.base import Generation
+
+    gen = Generation(
+        prompt_ids=[[10], [11], [12]],
+        response_ids=[[1], [2], [3], [4], [5], [6]],
+        response_log_probs=[[-0.1], [-0.2], [-0.3], [-0.4], [-0.5], [-0.6]],
+        finish_reasons=["stop", "length", "stop", "stop", "length", "stop"],
+        group_index=[0, 0, 1, 1, 2, 2],
+    )
+    picked = gen.groups([2, 0])
+    assert picked.prompt_ids == [[12], [10]]
+    assert picked.response_ids == [[5], [6], [1], [2]]
+    assert picked.response_log_probs == [[-0.5], [-0.6], [-0.1], [-0.2]]
+    assert picked.finish_reasons == ["length", "stop", "stop", "length"]
+    assert picked.group_index == [0, 0, 1, 1]
+    both = Generation.concat([picked, gen.groups([1])])
+    assert both.prompt_ids == [[12], [10], [11]]
+    assert both.response_ids == [[5], [6], [1], [2], [3], [4]]
+    assert both.group_index == [0, 0, 1, 1, 2, 2]

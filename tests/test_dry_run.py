@@ -30,6 +30,8 @@ GUIDE_COMMANDS = [
     f"--config {REPO}/configs/grpo_advanced.yaml --dry-run",
     f"--config {REPO}/configs/grpo_megatron_large.yaml --dry-run",
     f"--config {REPO}/configs/demo_cpu.yaml --dry-run",
+    f"--config {REPO}/configs/dapo_qwen2_5_7b.yaml --dry-run",
+    f"--config {REPO}/configs/gspo_qwen3_30b_a3b.yaml --dry-run",
     f"--config {BASE} actor_rollout_ref.model.path=meta-llama/Llama-3.1-8B trainer.nnodes=2 "
     f"{MEGA}tensor_model_parallel_size=4 --dry-run",
     f"--config {BASE} trainer.nnodes=2 launch.launcher=slurm launch.slurm_options=[--partition=gpu] --dry-run",
@@ -104,6 +106,15 @@ INVALID = [
     (["algorithm.gamma=1.5"], "algorithm.gamma=1.5 must be in [0, 1]"),
     (["actor_rollout_ref.actor.kl_loss_type=low_var"], "kl_loss_type='low_var' is not valid; valid: ["),
     (["actor_rollout_ref.actor.loss_agg_mode=mean"], "loss_agg_mode='mean' is not valid"),
+    (
+        ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=accuracy"],
+        "algorithm.filter_groups.metric='accuracy' is not valid; valid: ['acc', 'score', 'seq_reward', "
+        "'seq_final_reward']",
+    ),
+    (
+        ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=-1"],
+        "algorithm.filter_groups.max_num_gen_batches=-1 must be >= 0 (0: no limit)",
+    ),
     (["algorithm.group_size=1"], "needs at least 2 per prompt"),
     ([f"{MEGA}tensor_model_parallel_size=3"], "world size 8 is not divisible by TP*PP*CP"),
     (
@@ -190,6 +201,15 @@ FAMILY = [  # (overrides, what the dry run says: a note or a warning, or None)
         ],
         None,
     ),
+    (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=10"], None),
+    (  # DAPO scripts size their generation batches; here every batch is train_batch_size prompts
+        ["algorithm.filter_groups.enable=true", "data.gen_batch_size=1536"],
+        "note: data.gen_batch_size: no effect here: prompts are generated data.train_batch_size at a time",
+    ),
+    (
+        ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_final_reward"],
+        "note: algorithm.filter_groups.metric=seq_final_reward: no shaping is on",
+    ),
     (["algorithm.rollout_correction.rollout_is=token"], None),
     (["algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_is_threshold=5"], None),
 ]
@@ -206,6 +226,18 @@ def test_the_grpo_family_keys_pass_with_their_notes(overrides, said, capsys):
         assert (line in out) == (said is not None and said.startswith(line)), line
     if said is not None:
         assert said in out
+
+
+def test_filter_groups_metric_must_be_one_the_reward_produces(tmp_path, capsys):
+    """A custom reward reports its score alone: filtering on accuracy is refused, on the score accepted."""
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.5\n")
+    common = ["--config", BASE, f"custom_reward_function.path={reward}", "algorithm.filter_groups.enable=true"]
+    assert main(["train", *common, "--dry-run"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "algorithm.filter_groups.metric=acc needs a reward that reports accuracy" in errors[0]
+    assert main(["train", *common, "algorithm.filter_groups.metric=score", "--dry-run"]) == 0
+    assert main(["train", *common[:3], "--dry-run"]) == 0  # acc is the default metric: only checked when on
 
 
 def test_a_process_exits_2_without_a_traceback(tmp_path):

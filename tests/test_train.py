@@ -5,6 +5,7 @@ Each test runs the real command (torchrun, gloo) on a tiny random Llama with the
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,16 +56,51 @@ def base_overrides(model: Path, data: Path, steps: int) -> list[str]:
     ]
 
 
-def test_grpo_learns_the_capitals_task(tmp_path, capitals):
-    """A random tiny policy answers in capitals for < 0.2 of its samples; GRPO must get it above 0.8.
+@pytest.fixture(scope="module")
+def learner_model(tmp_path_factory) -> Path:
+    """The tiny random policy every learning test starts from (its capitals reward is < 0.2)."""
+    return tiny_model_dir(tmp_path_factory.mktemp("learner") / "model", seed=1, init_range=0.3)
+
+
+DAPO_SAMPLING = [  # dynamic sampling, overlong shaping and clip-higher, as DAPO sets them (lengths scaled down)
+    "algorithm.filter_groups.enable=true",
+    "reward_model.reward_manager=dapo",
+    "reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+    "actor_rollout_ref.actor.clip_ratio_high=0.28",
+]
+LEARNERS = {  # issue 16: each estimator / loss mode learns the task with GRPO's settings (lr, steps, batch)
+    "grpo": [],
+    "rloo": ["algorithm.adv_estimator=rloo"],
+    "reinforce_plus_plus": ["algorithm.adv_estimator=reinforce_plus_plus"],
+    "gspo": [  # the Qwen3 recipe's clip range; each step's one mini-batch is on-policy, so nothing clips
+        "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        "actor_rollout_ref.actor.clip_ratio_low=3e-4",
+        "actor_rollout_ref.actor.clip_ratio_high=4e-4",
+    ],
+    "dapo": [  # one-token answers all get the same overlong penalty (-0.5): on, but no signal of its own here
+        *DAPO_SAMPLING,
+        "algorithm.filter_groups.metric=acc",  # all capitals or not
+        "algorithm.filter_groups.max_num_gen_batches=3",
+        "reward_model.reward_kwargs.max_resp_len=2",
+        "reward_model.reward_kwargs.overlong_buffer_cfg.len=2",
+        "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+    ],
+}
+LEARN_STEPS = {"grpo": 25}  # the others: 12 (measured over 25 steps, each is above 0.95 from step 5 on)
+
+
+@pytest.mark.parametrize("mode", LEARNERS)
+def test_each_mode_learns_the_capitals_task(mode, tmp_path, capitals, learner_model):
+    """A random tiny policy answers in capitals for < 0.2 of its samples; each mode must get it above 0.8.
     The actor packs its rows (the default) into micro-batches of at most 256 tokens (use_dynamic_bsz), and so
-    do the old log-prob passes (rollout.log_prob_use_dynamic_bsz)."""
-    model = tiny_model_dir(tmp_path / "model", seed=1, init_range=0.3)
+    do the old log-prob passes (rollout.log_prob_use_dynamic_bsz). DAPO's reward/mean is of the kept groups
+    (those not all right or all wrong): its learning is read from every drawn response's reward."""
     run = tmp_path / "run"
-    steps = 25
+    steps = LEARN_STEPS.get(mode, 12)
     result = grpo_train(
         run,
-        *base_overrides(model, capitals, steps),
+        *base_overrides(learner_model, capitals, steps),
         "data.max_response_length=1",
         "actor_rollout_ref.actor.use_kl_loss=false",
         "actor_rollout_ref.actor.optim.lr=1e-2",
@@ -73,15 +109,20 @@ def test_grpo_learns_the_capitals_task(tmp_path, capitals):
         "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=256",
         "trainer.resume_mode=disable",
+        *LEARNERS[mode],
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    rewards = [m["reward/mean"] for m in metrics(run)]
+    rows = metrics(run)
+    rewards = [m["batch/drawn_reward_mean" if mode == "dapo" else "reward/mean"] for m in rows]
     assert len(rewards) == steps
     assert rewards[0] < 0.2, rewards
     assert sum(rewards[-3:]) / 3 > 0.8, rewards
-    assert metrics(run)[0]["batch/groups_with_signal"] > 0  # the capitals reward is graded: groups differ
+    assert rows[0]["batch/groups_with_signal"] > 0  # the capitals reward is graded: groups differ
     # The engine samples from the weights the actor has just trained: its log-probs are the actor's.
-    assert max(m["rollout/log_prob_diff_max"] for m in metrics(run)) < 1e-3
+    assert max(m["rollout/log_prob_diff_max"] for m in rows) < 1e-3
+    if mode == "dapo":
+        assert all(m["reward/overlong_penalty_mean"] == -0.5 for m in rows)
+        assert max(m["batch/gen_batches"] for m in rows) > 1  # all-wrong groups were dropped and redrawn
 
 
 def test_tp2_run_resumes_from_its_checkpoint(tmp_path, capitals):
@@ -113,6 +154,44 @@ def test_tp2_run_resumes_from_its_checkpoint(tmp_path, capitals):
     for m in metrics(run):
         assert m["rollout/log_prob_diff_max"] < 1e-3, m  # both ranks' engines follow the TP-sharded actor
         assert m["timing/update"] > 0 and m["perf/throughput"] > 0
+
+
+UNTIMED = ("timing/", "perf/throughput", "perf/max_memory_gib")
+
+
+def test_dapo_run_killed_after_a_checkpoint_resumes_exactly(tmp_path, capitals):
+    """Dynamic sampling draws several prompt batches a step, so the data position is not the step number: a run
+    resumed from step 2's checkpoint (what a kill during step 3 leaves on disk: the .partial save is never
+    loaded) must draw step 3's batches from the saved position and reproduce the uninterrupted step 3 exactly."""
+    model = tiny_model_dir(tmp_path / "model")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    common = [
+        *base_overrides(model, capitals, 3),
+        *DAPO_SAMPLING,
+        "actor_rollout_ref.rollout.n=2",  # pairs often score alike: groups are dropped, batches redrawn
+        "algorithm.filter_groups.metric=score",
+        "algorithm.filter_groups.max_num_gen_batches=4",
+        "reward_model.reward_kwargs.max_resp_len=4",
+        "reward_model.reward_kwargs.overlong_buffer_cfg.len=2",
+        "trainer.save_freq=1",
+    ]
+    first = grpo_train(straight, *common)
+    assert first.returncode == 0, first.stderr[-4000:]
+    rows = metrics(straight)
+    drawn = [int(m["batch/gen_batches"]) for m in rows]
+    assert sum(drawn[:2]) > 2, drawn  # the position at step 3 is past step 3's own batch
+    checkpoints = resumed / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    shutil.copytree(straight / "checkpoints" / "step_000002", checkpoints / "step_000002")
+    (checkpoints / "step_000003.partial").mkdir()
+    (checkpoints / "latest").write_text("step_000002")
+    second = grpo_train(resumed, *common)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "resumed from" in second.stderr
+    [step3] = metrics(resumed)
+    expected = {k: v for k, v in rows[2].items() if not k.startswith(UNTIMED)}
+    assert {k: v for k, v in step3.items() if not k.startswith(UNTIMED)} == expected  # exactly
+    assert "reward/overlong_penalty_mean" in expected and expected["batch/groups_kept"] > 0
 
 
 def check_diagnostics(run: Path, stderr: str) -> None:

@@ -112,7 +112,6 @@ def test_verl_keys_of_no_effect_are_notes(capsys):
         ("actor_rollout_ref.model.lora.rank=8", "LoRA adapters"),
         ("actor_rollout_ref.rollout.multi_turn.enable=True", "single-turn generation only"),
         ("critic.enable=True", "a critic (value model)"),
-        ("algorithm.filter_groups.enable=True", "DAPO's dynamic sampling"),
         ("actor_rollout_ref.rollout.name=sglang", "the SGLang rollout engine"),
         ("algorithm.adv_estimator=gae", "GAE, which needs a critic"),
         ("actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov", "the clip_cov policy loss"),

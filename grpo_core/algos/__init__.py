@@ -1,5 +1,5 @@
 """Core RL math for GRPO and its family: advantage estimators, KL penalties, policy losses, loss aggregation,
-reward shaping and rollout importance sampling."""
+reward shaping, dynamic sampling and rollout importance sampling."""
 
 from grpo_core.algos.advantage import (
     ADV_ESTIMATORS,
@@ -8,6 +8,13 @@ from grpo_core.algos.advantage import (
     compute_rloo_outcome_advantage,
     get_adv_estimator,
     register_adv_estimator,
+)
+from grpo_core.algos.dynamic_sampling import (
+    FILTER_METRICS,
+    draw_again,
+    filter_metric_values,
+    groups_with_spread,
+    trainable_groups,
 )
 from grpo_core.algos.kl import KL_PENALTY_TYPES, kl_penalty
 from grpo_core.algos.policy_loss import (
@@ -25,6 +32,7 @@ from grpo_core.algos.shaping import overlong_penalty
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "FILTER_METRICS",
     "KL_PENALTY_TYPES",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
@@ -36,12 +44,16 @@ __all__ = [
     "compute_policy_loss_gspo",
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_rloo_outcome_advantage",
+    "draw_again",
+    "filter_metric_values",
     "get_adv_estimator",
     "get_policy_loss",
+    "groups_with_spread",
     "kl_penalty",
     "overlong_penalty",
     "register_adv_estimator",
     "register_policy_loss",
     "rollout_is_metrics",
     "rollout_is_weights",
+    "trainable_groups",
 ]

@@ -236,6 +236,21 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    enable: bool = setting(
+        False, "DAPO's dynamic sampling: drop prompt groups whose responses all score alike, draw more batches"
+    )
+    metric: str = setting(
+        "acc",
+        "what must differ within a group: acc (full score or not; built-in rewards), score / seq_reward (the rule "
+        "reward), seq_final_reward (after the overlong shaping)",
+    )
+    max_num_gen_batches: int = setting(
+        0, "most prompt batches drawn per step (0: no limit); short of groups then, the step trains on those kept"
+    )
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = setting("grpo", "advantage estimator: grpo, rloo or reinforce_plus_plus")
     norm_adv_by_std_in_grpo: bool = setting(True, "divide by the group's std (false: Dr.GRPO)")
@@ -244,6 +259,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = setting(False, "subtract a KL penalty from the reward (GRPO uses the KL loss)")
     kl_penalty: str = setting("kl", "KL estimator of the in-reward penalty")
     kl_ctrl: KLControlConfig = section(KLControlConfig, "in-reward KL coefficient control")
+    filter_groups: FilterGroupsConfig = section(FilterGroupsConfig, "DAPO's dynamic sampling")
     rollout_correction: RolloutCorrectionConfig = section(
         RolloutCorrectionConfig, "correction of the training-inference mismatch (rollout importance sampling)"
     )

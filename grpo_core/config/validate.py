@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from grpo_core.algos import ADV_ESTIMATORS, KL_PENALTY_TYPES, LOSS_AGG_MODES, POLICY_LOSSES, ROLLOUT_IS_LEVELS
+from grpo_core.algos import (
+    ADV_ESTIMATORS,
+    FILTER_METRICS,
+    KL_PENALTY_TYPES,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    ROLLOUT_IS_LEVELS,
+)
 from grpo_core.config.schema import GRPOConfig, iter_settings
 from grpo_core.config.verl_keys import REFUSED_VALUES
 from grpo_core.models.shape import HF_OVERRIDE_SECTION, ModelShape
@@ -134,6 +141,7 @@ def _check_choices(cfg: GRPOConfig, r: Report) -> None:
         ("algorithm.adv_estimator", ADV_ESTIMATORS),
         ("actor_rollout_ref.actor.policy_loss.loss_mode", POLICY_LOSSES),
         ("algorithm.rollout_correction.rollout_is", (None, *ROLLOUT_IS_LEVELS)),
+        ("algorithm.filter_groups.metric", FILTER_METRICS),
         ("actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES),
         ("actor_rollout_ref.actor.kl_loss_type", KL_PENALTY_TYPES),
         ("algorithm.kl_penalty", KL_PENALTY_TYPES),
@@ -184,6 +192,7 @@ def _check_algorithm(cfg: GRPOConfig, r: Report) -> None:
             "training phases, as verl's hybrid engine does in either mode"
         )
     _check_overlong_buffer(cfg, r)
+    _check_filter_groups(cfg, r)
     _check_estimator_and_loss(cfg, r)
     if cfg.reward_model.enable:
         r.errors.append("reward_model.enable=true: learned reward models are not supported; rule rewards only")
@@ -213,6 +222,24 @@ def _check_estimator_and_loss(cfg: GRPOConfig, r: Report) -> None:
     threshold = algo.rollout_correction.rollout_is_threshold
     if algo.rollout_correction.rollout_is is not None and threshold <= 0:
         r.errors.append(f"algorithm.rollout_correction.rollout_is_threshold={threshold} must be > 0")
+
+
+def _check_filter_groups(cfg: GRPOConfig, r: Report) -> None:
+    """Dynamic sampling filters on a value the reward produces, with a non-negative budget of batches."""
+    fg, prefix = cfg.algorithm.filter_groups, "algorithm.filter_groups"
+    if not fg.enable:
+        return
+    if fg.max_num_gen_batches < 0:
+        r.errors.append(f"{prefix}.max_num_gen_batches={fg.max_num_gen_batches} must be >= 0 (0: no limit)")
+    if fg.metric == "acc" and cfg.custom_reward_function.path:
+        r.errors.append(
+            f"{prefix}.metric=acc needs a reward that reports accuracy (the built-in ones do: full score or not); "
+            "custom_reward_function's reward is its score alone: set filter_groups.metric=score"
+        )
+    rm = cfg.reward_model
+    shaped = rm.reward_manager == "dapo" and rm.reward_kwargs.overlong_buffer_cfg.enable
+    if fg.metric == "seq_final_reward" and not shaped:
+        r.notes.append(f"{prefix}.metric=seq_final_reward: no shaping is on, so it is the score (as metric=score)")
 
 
 def _check_overlong_buffer(cfg: GRPOConfig, r: Report) -> None:

@@ -272,6 +272,11 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
     *_ignored("each row's reward is chosen by its data_source column", "data.reward_fn_key"),
     *_ignored("used only with multi-turn tools, which are not offered", "data.tool_config_path"),
     *_ignored("validation prompts are taken in order", "data.validation_shuffle"),
+    *_ignored(
+        "prompts are generated data.train_batch_size at a time; dynamic sampling (algorithm.filter_groups) draws "
+        "further batches as it needs them",
+        "data.gen_batch_size",
+    ),
     *_ignored("the tokenizer is loaded with actor_rollout_ref.model.trust_remote_code", "data.trust_remote_code"),
     *_ignored(
         "the tokenizer's chat template is applied with its defaults",
@@ -298,8 +303,6 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
     ),
     *_refused("preference-feedback PPO (use_pf_ppo)", "algorithm.use_pf_ppo", off=(False,)),
     *_ignored("used only with use_pf_ppo", "algorithm.pf_ppo.*"),
-    *_refused("DAPO's dynamic sampling (filter_groups)", "algorithm.filter_groups.enable", off=(False,)),
-    *_ignored("used only with filter_groups.enable", "algorithm.filter_groups.*"),
     *_refused(
         "rollout rejection sampling, bypass mode and batch-normalized weights (rollout_correction)",
         "algorithm.rollout_correction.rollout_rs",

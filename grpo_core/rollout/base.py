@@ -68,6 +68,31 @@ class Generation:
         """No samples yet (for ``prompt_ids``): engines and gathers append to it."""
         return cls([list(p) for p in prompt_ids or []], [], [], [], [])
 
+    @classmethod
+    def concat(cls, parts: "Iterable[Generation]") -> "Generation":
+        """The parts one after another, their prompt groups renumbered to follow on."""
+        merged = cls.empty()
+        for part in parts:
+            offset = len(merged.prompt_ids)
+            merged.prompt_ids += part.prompt_ids
+            merged.response_ids += part.response_ids
+            merged.response_log_probs += part.response_log_probs
+            merged.finish_reasons += part.finish_reasons
+            merged.group_index += [g + offset for g in part.group_index]
+        return merged
+
+    def groups(self, chosen: list[int]) -> "Generation":
+        """The prompts ``chosen`` (in that order) with their responses, renumbered 0 .. len(chosen) - 1."""
+        rows = [[r for r, g in enumerate(self.group_index) if g == c] for c in chosen]
+        order = [r for group in rows for r in group]
+        return Generation(
+            prompt_ids=[self.prompt_ids[c] for c in chosen],
+            response_ids=[self.response_ids[r] for r in order],
+            response_log_probs=[self.response_log_probs[r] for r in order],
+            finish_reasons=[self.finish_reasons[r] for r in order],
+            group_index=[i for i, group in enumerate(rows) for _ in group],
+        )
+
     def __post_init__(self) -> None:
         rows = len(self.response_ids)
         if not len(self.response_log_probs) == len(self.finish_reasons) == len(self.group_index) == rows:

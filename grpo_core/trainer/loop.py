@@ -19,7 +19,15 @@ import torch.distributed as dist
 from grpo_core import actor as _cpu_compat  # noqa: F401  (must precede megatron)
 from grpo_core.actor.actor import ActorSettings, MegatronActor
 from grpo_core.actor.parallel import init_model_parallel
-from grpo_core.algos import get_adv_estimator, kl_penalty, overlong_penalty
+from grpo_core.algos import (
+    draw_again,
+    filter_metric_values,
+    get_adv_estimator,
+    groups_with_spread,
+    kl_penalty,
+    overlong_penalty,
+    trainable_groups,
+)
 from grpo_core.config import GRPOConfig, to_flat_dict
 from grpo_core.config.validate import actor_layout
 from grpo_core.data.prompts import Prompt, PromptSampler, load_prompts
@@ -43,12 +51,34 @@ class Rollouts:
     gen: Generation
     scores: list[float]  # one per response
 
+    def groups(self, chosen: list[int]) -> "Rollouts":
+        """The prompt groups ``chosen``, renumbered (``Generation.groups``), with their scores."""
+        rows = [r for c in chosen for r, g in enumerate(self.gen.group_index) if g == c]
+        return Rollouts(self.gen.groups(chosen), [self.scores[r] for r in rows])
+
+
+@dataclass
+class StepDraw:
+    """A step's rollouts and how they were drawn: with dynamic sampling, several prompt batches' kept groups."""
+
+    rollouts: Rollouts
+    gen_batches: int  # prompt batches drawn (each moves the data position by one)
+    groups_kept: int  # groups trained on
+    groups_with_signal: float  # share of all drawn groups whose (shaped) rewards differ
+    drawn_reward_mean: float  # mean rule reward of every response drawn, kept or not
+
 
 NO_SIGNAL = (
     "step %d: every prompt's responses got the same reward, so every GRPO advantage is 0 and the step changes "
     "nothing (batch/groups_with_signal = 0; said once). Remedies: a longer data.max_response_length (a cut-off "
     "answer scores 0), a reward for the format alone (reward_model.format_score), more responses per prompt "
     "(rollout.n) or a higher temperature, or prompts the model can already solve sometimes"
+)
+SHORT_STEP = (
+    "step %d: %d of data.train_batch_size=%d prompt groups had a signal after algorithm.filter_groups."
+    "max_num_gen_batches=%d batches; the step trains on those (with none, on the last batch, which changes "
+    "nothing; said once). The prompts may be too hard or too easy for the model: raise max_num_gen_batches "
+    "(0: no limit), rollout.n or the temperature"
 )
 
 
@@ -87,13 +117,14 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
 
     try:
         checkpoints = CheckpointManager.for_run(cfg.trainer)
-        start_step = 0
+        start_step = position = 0  # position: prompt batches drawn so far (dynamic sampling draws several a step)
         # rank 0 verifies (reads every file once) and picks; the others take its choice
         choice = [checkpoints.resolve_resume(cfg.trainer.resume_mode) if rank == 0 else None]
         dist.broadcast_object_list(choice, src=0)
         resume_from = choice[0]
         if resume_from is not None:
-            start_step = checkpoints.load(resume_from, actor)["step"]
+            resumed = checkpoints.load(resume_from, actor)
+            start_step, position = resumed["step"], resumed.get("data_position", resumed["step"])
         if resume_from is not None or _engine_starts_empty(cfg):
             sync_weights(actor, engine, shape, cfg)  # the engine holds the initial weights, or none
         trainer_state = {
@@ -118,16 +149,22 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             max_new_tokens=d.max_response_length,
         )
         step_metrics: dict[str, float] = {}
-        warned_no_signal = False
+        warned_no_signal = warned_short = False
         for step in tracker.progress(range(start_step, total_steps), total=total_steps, start=start_step):
             timings: dict[str, float] = {}
             M.reset_peak_memory()
             diag.begin_step(step + 1)
 
             with timed(timings, "gen", diag):
-                rollouts = generate(engine, sampler.batch(step), sampling, tokenizer, cfg, scorer)
+                drawn = draw_rollouts(engine, sampler, position, sampling, tokenizer, cfg, scorer)
                 if engine is not None and arr.rollout.free_cache_engine:
                     engine.sleep()
+            position += drawn.gen_batches
+            rollouts = drawn.rollouts
+            if drawn.groups_kept < d.train_batch_size and not warned_short and rank == 0:
+                fg = cfg.algorithm.filter_groups
+                logger.warning(SHORT_STEP, step + 1, drawn.groups_kept, d.train_batch_size, fg.max_num_gen_batches)
+                warned_short = True
             batch = to_rollout_batch(rollouts.gen, tokenizer.pad_token_id)
 
             with timed(timings, "old_log_prob", diag):
@@ -139,7 +176,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                         ref.offload_to_host(params=True)
 
             scores, shaping_metrics = shaped_scores(rollouts, cfg)
-            signal = M.groups_with_signal(scores, rollouts.gen.group_index)
+            signal = drawn.groups_with_signal
             if signal == 0 and not warned_no_signal and rank == 0:
                 logger.warning(NO_SIGNAL, step + 1)
                 warned_no_signal = True
@@ -166,6 +203,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                 **M.rollout_metrics(rollouts.gen, rollouts.scores, batch, cfg.reward_model.score),
                 **shaping_metrics,
                 "batch/groups_with_signal": signal,
+                **sampling_metrics(drawn, cfg),
                 **M.log_prob_metrics(batch, entropy),
                 **M.rollout_correction_metrics(batch, rc.rollout_is, rc.rollout_is_threshold),
                 **update_metrics,
@@ -178,7 +216,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                 step_metrics |= validate(cfg, engine, val_prompts, tokenizer, scorer)
             tracker.log(step_metrics, step=step + 1)
             if checkpoints.should_save(step + 1, last):
-                checkpoints.save(step + 1, actor, trainer_state)
+                checkpoints.save(step + 1, actor, {**trainer_state, "data_position": position})
         tracker.close()
         diag.close()
         return step_metrics
@@ -224,17 +262,49 @@ def _gather_generations(local: Generation | None) -> Generation:
     """Concatenate the replicas' generations in rank order, renumbering their prompt groups."""
     parts: list[Generation | None] = [None] * dist.get_world_size()
     dist.all_gather_object(parts, local)
-    merged = Generation.empty()
-    for part in parts:
-        if part is None:
-            continue
-        offset = len(merged.prompt_ids)
-        merged.prompt_ids += part.prompt_ids
-        merged.response_ids += part.response_ids
-        merged.response_log_probs += part.response_log_probs
-        merged.finish_reasons += part.finish_reasons
-        merged.group_index += [g + offset for g in part.group_index]
-    return merged
+    return Generation.concat(part for part in parts if part is not None)
+
+
+def draw_rollouts(
+    engine, sampler: PromptSampler, position: int, sampling: SamplingSettings, tokenizer, cfg: GRPOConfig, scorer
+) -> StepDraw:
+    """The step's rollouts from the prompt batch at data position ``position``. With dynamic sampling
+    (``algorithm.filter_groups``), the groups whose ``metric`` differs within the group, from as many batches
+    as it takes to collect ``data.train_batch_size`` of them or as ``max_num_gen_batches`` allows; a short step
+    keeps what divides over the data-parallel ranks (the last batch whole if that is nothing)."""
+    fg, wanted = cfg.algorithm.filter_groups, cfg.data.train_batch_size
+    kept: list[Rollouts] = []
+    count = drawn = 0
+    signal, reward_sum, responses = [], 0.0, 0
+    while drawn == 0 or (fg.enable and draw_again(count, wanted, drawn, fg.max_num_gen_batches)):
+        rollouts = generate(engine, sampler.batch(position + drawn), sampling, tokenizer, cfg, scorer)
+        drawn += 1
+        shaped, _ = shaped_scores(rollouts, cfg)
+        signal.append(M.groups_with_signal(shaped, rollouts.gen.group_index))
+        reward_sum, responses = reward_sum + sum(rollouts.scores), responses + len(rollouts.scores)
+        if not fg.enable:
+            kept, count = [rollouts], len(rollouts.gen.prompt_ids)
+            break
+        values = filter_metric_values(fg.metric, rollouts.scores, shaped, cfg.reward_model.score)
+        chosen = groups_with_spread(values, rollouts.gen.group_index)[: wanted - count]
+        kept.append(rollouts.groups(chosen))
+        count += len(chosen)
+    merged = Rollouts(Generation.concat(r.gen for r in kept), [s for r in kept for s in r.scores])
+    if count < wanted:
+        count = trainable_groups(count, sampling.n, actor_layout(cfg).dp)
+        merged = merged.groups(list(range(count))) if count else rollouts
+    return StepDraw(merged, drawn, count, sum(signal) / len(signal), reward_sum / responses)
+
+
+def sampling_metrics(drawn: StepDraw, cfg: GRPOConfig) -> dict[str, float]:
+    """How the step's groups were drawn, logged with dynamic sampling on."""
+    if not cfg.algorithm.filter_groups.enable:
+        return {}
+    return {
+        "batch/gen_batches": drawn.gen_batches,
+        "batch/groups_kept": drawn.groups_kept,
+        "batch/drawn_reward_mean": drawn.drawn_reward_mean,
+    }
 
 
 def shaped_scores(rollouts: Rollouts, cfg: GRPOConfig) -> tuple[list[float], dict[str, float]]:

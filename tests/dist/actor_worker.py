@@ -4,7 +4,10 @@ Every layout loads the same Hugging Face checkpoint and sees the same batch, so 
 log-probs must agree across TP/PP/DP. With ``--sweep-out``, the same process then runs one update per sweep case
 (each loss aggregation mode; GSPO; rollout importance sampling by token and by sequence) x micro-batch size x
 rows-or-token-budget at TP1 PP1 (DP = the world size), each from the same weights, and the log-probs at each
-micro-batching. Rank 0 writes the results as JSON.
+micro-batching. With ``--family``, every plain fp32 layout also runs one update per family case (GSPO, rollout
+importance sampling by token and by sequence, RLOO's and REINFORCE++'s advantages), each from the layout's initial
+weights, so the GRPO family is checked at TP2, PP2 and DP2 against TP1 in the same launches. Rank 0 writes the
+results as JSON.
 """
 
 import argparse
@@ -17,7 +20,7 @@ import torch.distributed as dist
 from grpo_core.actor.actor import ActorSettings, MegatronActor
 from grpo_core.actor.loss import LossSettings
 from grpo_core.actor.parallel import init_distributed, init_model_parallel
-from grpo_core.algos import LOSS_AGG_MODES
+from grpo_core.algos import LOSS_AGG_MODES, get_adv_estimator
 from grpo_core.data.batch import RolloutBatch
 from grpo_core.models.shape import load_model_shape
 from grpo_core.planning.layout import ParallelLayout
@@ -34,6 +37,23 @@ SWEEP_VARIANTS = {  # issue 16: the GRPO family's per-sequence and reweighted lo
     "is-sequence": {"rollout_is": "sequence", "rollout_is_threshold": 1.5},
 }
 SWEEP_CASES = (*LOSS_AGG_MODES, *SWEEP_VARIANTS)
+
+
+FAMILY_CASES = (*SWEEP_VARIANTS, "rloo", "reinforce_plus_plus")
+FAMILY_SCORES = (1.0, 0.0, 0.5, 0.25, 0.0, 1.0, 1.0, 0.75)  # one outcome reward per row: two groups of four
+
+
+def family_case(case: str, batch: RolloutBatch) -> tuple[LossSettings, RolloutBatch]:
+    """The loss and batch of a family case: a variant's loss, or an estimator's advantages (REINFORCE++ with a
+    discount, so they vary along each response) under the layouts' loss."""
+    if case in SWEEP_VARIANTS:
+        return sweep_loss(case), batch
+    mask = batch.response_mask
+    rewards = torch.zeros_like(mask)
+    rewards[torch.arange(mask.shape[0]), mask.sum(-1).long() - 1] = torch.tensor(FAMILY_SCORES)
+    index = [row // 4 for row in range(mask.shape[0])]
+    advantages, _ = get_adv_estimator(case)(rewards, mask, index=index, gamma=0.9)
+    return LOSS, dataclasses.replace(batch, advantages=advantages)
 
 
 def sweep_loss(case: str) -> LossSettings:
@@ -106,6 +126,19 @@ def sweep(hf_dir: str, shape, world: int) -> dict:
     return out
 
 
+def family_updates(policy: MegatronActor, settings: ActorSettings, params, start, batch: RolloutBatch) -> dict:
+    """One update per family case from the initial weights (put back after each); its metrics."""
+    out = {}
+    for case in FAMILY_CASES:
+        with torch.no_grad():
+            for p, w in zip(params, start, strict=True):
+                p.copy_(w)
+        loss, case_batch = family_case(case, batch)
+        policy.s = dataclasses.replace(settings, loss=loss)
+        out[case] = policy.update(case_batch)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hf-dir", required=True)
@@ -118,6 +151,7 @@ def main() -> None:
     parser.add_argument("--learn-steps", type=int, default=0)
     parser.add_argument("--out", required=True)
     parser.add_argument("--sweep-out", help="also run the aggregation x micro-batching sweep, written here")
+    parser.add_argument("--family", action="store_true", help="also one update per family case in plain layouts")
     args = parser.parse_args()
     init_distributed()
     world = dist.get_world_size()
@@ -142,6 +176,8 @@ def main() -> None:
             loss=LOSS,
         )
         policy = MegatronActor(shape, settings, hf_path=args.hf_dir)
+        params = [p for chunk in policy.model for p in chunk.parameters()]
+        start = [p.detach().clone() for p in params]
         reference = MegatronActor(shape, settings, hf_path=args.hf_dir, trainable=False)
         offloaded = reference.offload_to_host(params=True)
         batch = synthetic_batch(shape.vocab_size)
@@ -174,6 +210,10 @@ def main() -> None:
                 batch.old_log_probs = policy.compute_log_prob(batch)[0]
                 policy.update(batch)
             result["log_probs_after"] = policy.compute_log_prob(batch)[0].tolist()
+        if args.family and not flags:
+            result["family"] = family_updates(
+                policy, settings, params, start, with_old_and_ref(synthetic_batch(shape.vocab_size), log_probs)
+            )
         results[f"tp{tp}_pp{pp}_dp{layout.dp}{'_' + flags if flags else ''}"] = result
     sweep_results = sweep(args.hf_dir, shape, world) if args.sweep_out else None
     if dist.get_rank() == 0:
