@@ -211,7 +211,14 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # busy small machines
     from flows.grpo_pipeline import grpo_pipeline
 
-    state = grpo_pipeline(config=args.config, overrides=args.overrides, fresh=args.fresh, return_state=True)
+    state = grpo_pipeline(
+        config=args.config,
+        overrides=args.overrides,
+        fresh=args.fresh,
+        start_from_champion=args.start_from_champion,
+        skip_unchanged=args.skip_unchanged,
+        return_state=True,
+    )
     if not state.is_completed():
         error = state.result(raise_on_failure=False)
         err_console.print(f"error: pipeline {state.name.lower()}: {error}", markup=False, soft_wrap=True)
@@ -230,7 +237,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         ("MLflow run", summary["mlflow_url"]),
         ("Prefect flow run", f"{summary['prefect_flow_run_id']} (prefect flow-run inspect ID)"),
         ("checkpoint", summary["checkpoint"]),
-        ("model version", f"{summary['model_version']} ({summary['promotion'] or 'not registered'})"),
+        ("model version", f"{summary['model_version'] or '-'} ({summary['promotion'] or 'not registered'})"),
     ]
     if summary["promotion_reason"]:
         where.append(("promotion", summary["promotion_reason"]))
@@ -359,6 +366,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _config_arguments(pipeline)
     pipeline.add_argument("--fresh", action="store_true", help="train in a new directory instead of reusing results")
+    pipeline.add_argument(
+        "--start-from-champion",
+        action="store_true",
+        help="train from models:/NAME@champion when the registry has one (else the config's model)",
+    )
+    pipeline.add_argument(
+        "--skip-unchanged",
+        action="store_true",
+        help="a scheduled run: train nothing when start version, data and config are the last scheduled run's",
+    )
     pipeline.add_argument("overrides", nargs="*", metavar="key=value")
     pipeline.set_defaults(func=cmd_pipeline)
 
