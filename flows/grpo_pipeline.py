@@ -14,8 +14,11 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from grpo_core.config import ConfigError
+from grpo_core.config.load import load_config
 from grpo_core.evaluation.gsm8k import METRICS_FILE
 from grpo_core.evaluation.run import EvalSettings
+from grpo_core.tracking.mlflow_run import quick_http, tracking_uri
+from grpo_core.tracking.registry import RegistryModel, champion_uri, eval_dir, fetch_model
 from grpo_core.trainer.checkpoint import CheckpointManager
 from grpo_core.trainer.dry_run import resolve_run
 from tasks import evaluate_checkpoint, prepare_gsm8k, train_grpo, unless_missing
@@ -29,19 +32,66 @@ def fresh_overrides(cfg_dir: str) -> list[str]:
     return [f"trainer.default_local_dir={Path(cfg_dir) / start.strftime('%Y%m%d-%H%M%S')}"]
 
 
+def current_champion(cfg) -> str | None:
+    """``models:/NAME@champion`` of ``tracking.registered_model_name`` when that alias exists, else None."""
+    from mlflow import MlflowClient
+
+    quick_http()
+    server = tracking_uri(cfg)
+    return champion_uri(MlflowClient(server, registry_uri=server), server, registered_name(cfg))
+
+
+def champion_model(cfg) -> RegistryModel | None:
+    """The registry's current champion, fetched; None while there is none."""
+    uri = current_champion(cfg)
+    return fetch_model(uri, tracking_uri(cfg), cfg.tracking.model_cache_dir) if uri else None
+
+
+def registered_name(cfg) -> str:
+    return cfg.tracking.registered_model_name or cfg.trainer.project_name
+
+
 @flow(name="grpo-pipeline", log_prints=True)
-def grpo_pipeline(config: str | None = None, overrides: list[str] | None = None, fresh: bool = False) -> dict:
-    """GRPO on GSM8K with the accuracy before and after, tracked in one MLflow run."""
-    from grpo_core.tracking.pipeline_run import markdown_report, open_pipeline_run, pipeline_key, record_results
+def grpo_pipeline(
+    config: str | None = None,
+    overrides: list[str] | None = None,
+    fresh: bool = False,
+    start_from_champion: bool = False,
+    skip_unchanged: bool = False,
+) -> dict:
+    """GRPO on GSM8K with the accuracy before and after, tracked in one MLflow run; the new model version
+    becomes the registry's champion only when it beats the current one (see grpo_core/tracking/promotion.py).
+
+    ``start_from_champion``: train from ``models:/NAME@champion`` when there is one (else the config's model).
+    ``skip_unchanged``: a scheduled run; when its start model version, data and resolved config are those of
+    the last finished scheduled run, train nothing and say so."""
+    from grpo_core.tracking.pipeline_run import (
+        INPUTS_TAG,
+        SCHEDULED_TAG,
+        file_digest,
+        inputs_key,
+        last_scheduled_run,
+        markdown_report,
+        open_pipeline_run,
+        pipeline_key,
+        record_results,
+    )
 
     log = get_run_logger()
     overrides = list(overrides or [])
-    run = resolve_run(config, overrides)
+    first = load_config(config, overrides)
+    if start_from_champion:
+        if (uri := current_champion(first)) is not None:
+            overrides.append(f"actor_rollout_ref.model.path={uri}")
+            log.info("starting from the registry's champion: %s", uri)
+        else:
+            log.info("no champion in the registry yet: starting from %s", first.actor_rollout_ref.model.path)
     if fresh:
-        overrides += fresh_overrides(run.config.trainer.default_local_dir)
-        run = resolve_run(config, overrides)
+        overrides += fresh_overrides(first.trainer.default_local_dir)
+    run = resolve_run(config, overrides)
     if run.report.errors:
         raise ConfigError(run.report.errors, run.report.warnings)
+    overrides = run.pinned(overrides)  # every task reads the version resolved now
     cfg = run.config
     run_dir = Path(cfg.trainer.default_local_dir)
 
@@ -50,10 +100,31 @@ def grpo_pipeline(config: str | None = None, overrides: list[str] | None = None,
     log.info("data: %s", data["rows"])
     eval_file = cfg.evaluation.data_file or cfg.data.val_files[0]
 
-    tags = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": str(flow_run.name)}
+    inputs = inputs_key(cfg)
+    if skip_unchanged and (last := last_scheduled_run(cfg)) is not None and last[1] == inputs:
+        start = run.start_model.canonical if run.start_model else cfg.actor_rollout_ref.model.path
+        message = (
+            f"nothing to train: the start model ({start}), the training data and the resolved config are those "
+            f"of the last scheduled run (MLflow run {last[0]}, inputs key {inputs})"
+        )
+        log.info(message)
+        create_markdown_artifact(f"# GRPO pipeline: skipped\n\n{message}\n", key="grpo-pipeline-report")
+        return {"skipped": True, "reason": message, "mlflow_run_id": last[0], "prefect_flow_run_id": str(flow_run.id)}
+
+    tags = {
+        "prefect.flow_run_id": str(flow_run.id),
+        "prefect.flow_run_name": str(flow_run.name),
+        INPUTS_TAG: inputs,
+        SCHEDULED_TAG: str(skip_unchanged).lower(),
+    }
+    if run.start_model is not None:
+        tags["grpo.start_model"] = run.start_model.canonical
     mlflow_run = open_pipeline_run(cfg, pipeline_key(cfg), tags, run_dir)
     settings = settings_dict(EvalSettings.from_config(cfg))
+    data_digest = file_digest(eval_file)
     eval_dirs = {"base": run_dir / "eval" / "base", "trained": run_dir / "eval" / "trained"}
+    if run.start_model is not None:  # kept with the version: a champion start is evaluated once
+        eval_dirs["base"] = eval_dir(run.start_model, data_digest, settings)
 
     try:
         evaluate_base = unless_missing(evaluate_checkpoint, eval_dirs["base"] / METRICS_FILE)
@@ -64,7 +135,22 @@ def grpo_pipeline(config: str | None = None, overrides: list[str] | None = None,
         evaluate_trained = unless_missing(evaluate_checkpoint, eval_dirs["trained"] / METRICS_FILE, checkpoint)
         trained = evaluate_trained(checkpoint, eval_file, str(eval_dirs["trained"]), settings)
 
-        summary = record_results(mlflow_run, cfg, base, trained, checkpoint, eval_dirs, Path(checkpoint) / "hf")
+        champion = champion_model(cfg) if cfg.tracking.log_model else None
+        if champion is not None:  # the same questions and settings, once per champion version
+            eval_dirs["champion"] = eval_dir(champion, data_digest, settings)
+            evaluate_champion = unless_missing(evaluate_checkpoint, eval_dirs["champion"] / METRICS_FILE)
+            evaluate_champion(str(champion.path), eval_file, str(eval_dirs["champion"]), settings)
+
+        summary = record_results(
+            mlflow_run,
+            cfg,
+            base,
+            trained,
+            checkpoint,
+            eval_dirs,
+            Path(checkpoint) / "hf",
+            champion_version=champion.version if champion else None,
+        )
     except BaseException:
         mlflow_run.finish("FAILED")  # a re-run with the same key continues this run
         mlflow_run.close()

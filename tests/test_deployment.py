@@ -68,3 +68,76 @@ def test_deploy_run_by_a_worker_lands_in_the_mlflow_server(tmp_path):
             "perf/throughput",
         } <= run.data.metrics.keys()
         assert [m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")] == [1, 2]
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_nightly_trains_from_the_champion_and_a_second_run_with_nothing_new_trains_nothing(tmp_path):
+    """The nightly deployment twice: the first trains from models:/NAME@champion (its first step's log-probs
+    are the champion's: the same as training from the champion's own directory), the second has the same
+    start version, data and config, so it trains nothing and ends in seconds."""
+    from mlflow import MlflowClient
+
+    from tests.test_registry import register
+
+    if not TOKENIZER.is_dir():
+        pytest.skip(f"{TOKENIZER} (the shared SmolLM2 tokenizer) is not present")
+    base = tiny_model_dir(tmp_path / "base", seed=1)
+    champion = tiny_model_dir(tmp_path / "champion", seed=2)
+    with mlflow_server(tmp_path / "mlflow") as mlflow_uri, prefect_server(tmp_path / "prefect") as api:
+        client = MlflowClient(mlflow_uri)
+        assert register(client, champion, "pipeline_test", "champion") == "1"
+        config = tmp_path / "nightly.yaml"
+        overrides = pipeline_overrides(tmp_path, base, mlflow_uri) + [f"tracking.model_cache_dir={tmp_path / 'cache'}"]
+        config.write_text(to_yaml(load_config(REPO / "configs/demo_cpu.yaml", overrides)))
+        env = prefect_env(tmp_path / "prefect", api)
+        assert prefect("work-pool", "create", "grpo-process", "--type", "process", env=env).returncode == 0
+        deployed = prefect("--no-prompt", "deploy", "--all", env=env)
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+
+        def nightly() -> tuple[dict, str]:
+            name = "grpo-pipeline/nightly-retrain"
+            started = prefect("deployment", "run", name, "--param", f"config={config}", env=env)
+            assert started.returncode == 0, started.stdout + started.stderr
+            flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", started.stdout).group(1)
+            worker = prefect("worker", "start", "--pool", "grpo-process", "--run-once", env=env, timeout=1200)
+            with urllib.request.urlopen(f"{api}/flow_runs/{flow_run_id}") as response:
+                flow_run = json.load(response)
+            assert flow_run["state"]["type"] == "COMPLETED", worker.stdout[-5000:] + worker.stderr[-5000:]
+            return flow_run, worker.stdout + worker.stderr
+
+        first, _ = nightly()
+        (run,) = client.search_runs([client.get_experiment_by_name("pipeline_test").experiment_id])
+        assert run.data.tags["grpo.start_model"] == "models:/pipeline_test/1"
+        assert run.data.tags["grpo.scheduled"] == "true"
+        (run_dir,) = (tmp_path / "run").iterdir()  # fresh: a directory named by the scheduled start
+        trained_first_step = metrics_rows(run_dir)[0]
+        # compared with the champion it started from: not significantly better, so the alias stays
+        assert run.data.tags["grpo.promotion"] == "challenger"
+        assert run.data.tags["grpo.compared_with"] == "champion version 1"
+        assert str(client.get_model_version_by_alias("pipeline_test", "champion").version) == "1"
+
+        second, logs = nightly()
+        assert "nothing to train" in logs, logs[-5000:]
+        assert second["total_run_time"] < 60, second["total_run_time"]
+        assert len(client.search_runs([client.get_experiment_by_name("pipeline_test").experiment_id])) == 1
+        assert [p.name for p in (tmp_path / "run").iterdir()] == [run_dir.name]
+
+    # The same first step trained from the champion's own directory: the same log-probs, so the same numbers.
+    reference = tmp_path / "reference"
+    ref_overrides = [f"actor_rollout_ref.model.path={champion}", f"trainer.default_local_dir={reference}"]
+    ref_overrides += ["trainer.total_training_steps=1"]
+    trained = subprocess.run(
+        [sys.executable, "-m", "grpo_core.cli", "train", "--config", str(config), *ref_overrides],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+        cwd=tmp_path,
+        timeout=900,
+    )
+    assert trained.returncode == 0, trained.stderr[-5000:]
+    expected = metrics_rows(reference)[0]
+    for key in ("actor/entropy_before_update", "rollout/log_prob_diff_mean", "reward/mean"):
+        assert trained_first_step[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key

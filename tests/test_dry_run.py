@@ -87,6 +87,7 @@ INVALID = [
         "tensor model parallel size mismatch: actor=2, ref=4",
     ),
     (["algorithm.adv_estimator=gae"], "algorithm.adv_estimator=gae: not offered here: GAE, which needs a critic"),
+    (["tracking.champion_alpha=0"], "tracking.champion_alpha=0.0 must be in (0, 1]"),
     (
         ["algorithm.adv_estimator=grpoo"],
         "algorithm.adv_estimator='grpoo' is not valid; valid: ['grpo', 'rloo', 'reinforce_plus_plus']",

@@ -39,7 +39,7 @@ def pipeline_overrides(root: Path, model: Path, tracking_uri: str) -> list[str]:
         "evaluation.max_new_tokens=8",
         "evaluation.batch_size=8",
         f"tracking.mlflow_tracking_uri={tracking_uri}",
-        "tracking.champion_min_uplift=-1",  # a random model's uplift is 0: make it champion to test the alias
+        "tracking.champion_min_uplift=-1",  # any uplift is enough; promotion then hangs on the paired test alone
     ]
 
 
@@ -88,8 +88,12 @@ def test_pipeline_runs_on_the_ephemeral_api_and_a_rerun_is_served_from_its_resul
     records = [json.loads(line) for line in Path(samples).read_text().splitlines()]
     assert len(records) == 4 and {"question", "response", "gold", "correct_strict"} <= records[0].keys()
     assert "model/config.json" in {a.path for a in client.list_artifacts(run_id, "model")}
-    # the registry: version 1, aliased champion (threshold -1 above)
-    assert str(client.get_model_version_by_alias("pipeline_test", "champion").version) == "1"
+    # the registry: version 1; a random model gains nothing significant over its base: challenger, and says why
+    version = client.get_model_version_by_alias("pipeline_test", "challenger")
+    assert str(version.version) == "1" and version.tags["grpo.promotion"] == "challenger"
+    tags = version.tags
+    assert tags["grpo.compared_with"] == "the base model" and "may be noise" in tags["grpo.promotion_reason"]
+    assert "promotion: uplift" in first.stdout
 
     # A second run with the same inputs: every task is served from its persisted result; no new MLflow run.
     train_log = tmp_path / "run" / "launch" / "node0.log"
@@ -99,6 +103,7 @@ def test_pipeline_runs_on_the_ephemeral_api_and_a_rerun_is_served_from_its_resul
     assert second.stderr.count("Cached(type=COMPLETED)") >= 4, second.stderr[-5000:]
     assert (train_log.stat().st_mtime_ns, (tmp_path / "run" / "metrics.jsonl").read_text()) == before
     assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [run_id]
+    assert len(client.search_model_versions("name = 'pipeline_test'")) == 1  # the re-run found its version
 
     compare = grpo("compare", "--tracking-uri", uri, "--experiment", "pipeline_test", env=env, cwd=tmp_path)
     assert compare.returncode == 0 and run_id[:8] in compare.stdout, compare.stdout + compare.stderr

@@ -363,7 +363,15 @@ class TrackingConfig:
         None, "MLflow tracking URI, e.g. http://HOST:5000 (null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)"
     )
     registered_model_name: str | None = setting(None, "MLflow registry name (null: trainer.project_name)")
-    champion_min_uplift: float = setting(0.0, "alias the new model version `champion` only above this uplift")
+    champion_min_uplift: float = setting(
+        0.0, "the new version becomes `champion` only when its uplift over the champion (else the base) exceeds this"
+    )
+    champion_alpha: float = setting(
+        0.05, "... and when the paired test's p-value (exact McNemar) is below this; otherwise it is `challenger`"
+    )
+    model_cache_dir: str | None = setting(
+        None, "where models:/NAME@ALIAS model paths are downloaded, per version (null: ~/.cache/grpo/models)"
+    )
     log_model: bool = setting(True, "log the trained model as an artifact and register it")
 
 

@@ -633,6 +633,8 @@ def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
     _check_model_overrides(cfg, r)
     _check_custom_reward(cfg, r)
     _check_launch(cfg, r)
+    if not 0 < cfg.tracking.champion_alpha <= 1:
+        r.errors.append(f"tracking.champion_alpha={cfg.tracking.champion_alpha} must be in (0, 1]")
     layout = actor_layout(cfg)
     _check_batches(cfg, layout, r)
     if shape is not None and cfg.trainer.nnodes >= 1 and cfg.trainer.n_gpus_per_node >= 1:

@@ -21,6 +21,7 @@ from grpo_core.config.schema import GRPOConfig
 from grpo_core.tracking import METRICS_FILE
 from grpo_core.tracking.mlflow_run import KEY_TAG, MlflowRun, quick_http, tracking_uri
 from grpo_core.tracking.plots import plot_run
+from grpo_core.tracking.promotion import Promotion, compare_evaluations, decide
 from grpo_core.tracking.sync import PENDING_FILE
 
 logger = logging.getLogger(__name__)
@@ -39,14 +40,43 @@ def file_digest(path: str | Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def pipeline_key(cfg: GRPOConfig) -> str:
+def pipeline_key(cfg: GRPOConfig, ignore: tuple[str, ...] = ()) -> str:
     """What the trained model depends on: the resolved config (less where results are logged, how ranks are
-    started and how the model is evaluated afterwards), the training data's bytes and a custom reward file's."""
-    settings = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith(NOT_IN_KEY)}
+    started and how the model is evaluated afterwards), the training data's bytes and a custom reward file's.
+    A registry start model's path is its version's local copy, so the key names that version."""
+    skip = NOT_IN_KEY + ignore
+    settings = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith(skip)}
     parts = [json.dumps(settings, sort_keys=True, default=str)]
     inputs = [*cfg.data.train_files, *filter(None, [cfg.custom_reward_function.path])]
     parts += [file_digest(p) for p in inputs if Path(p).is_file()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+INPUTS_TAG = "grpo.inputs_key"
+SCHEDULED_TAG = "grpo.scheduled"
+
+
+def inputs_key(cfg: GRPOConfig) -> str:
+    """``pipeline_key`` without the run directory: a scheduled (fresh) run trains in a new directory each time,
+    yet has nothing new to learn when its start model version, data and settings are the last run's."""
+    return pipeline_key(cfg, ignore=("trainer.default_local_dir",))
+
+
+def last_scheduled_run(cfg: GRPOConfig) -> tuple[str, str] | None:
+    """(run id, inputs key) of the latest finished scheduled pipeline run in the experiment, or None."""
+    from mlflow import MlflowClient
+
+    quick_http()
+    client = MlflowClient(tracking_uri(cfg))
+    experiment = client.get_experiment_by_name(cfg.trainer.project_name)
+    if experiment is None:
+        return None
+    query = f"tags.`{SCHEDULED_TAG}` = 'true' and attributes.status = 'FINISHED'"
+    newest = ["attributes.start_time DESC"]
+    found = client.search_runs([experiment.experiment_id], query, order_by=newest, max_results=1)
+    if not found:
+        return None
+    return found[0].info.run_id, found[0].data.tags.get(INPUTS_TAG, "")
 
 
 def open_pipeline_run(cfg: GRPOConfig, key: str, tags: dict[str, str], local_dir: Path) -> MlflowRun:
@@ -134,6 +164,8 @@ class PipelineSummary:
     checkpoint: str
     model_version: str | None = None
     champion: bool = False
+    promotion: str = ""  # champion / challenger (empty: not registered)
+    promotion_reason: str = ""
     mlflow_run_id: str = ""
     mlflow_url: str = ""
 
@@ -150,8 +182,11 @@ def record_results(
     checkpoint: str,
     eval_dirs: dict[str, Path],
     model_dir: Path | None,
+    champion_version: str | None = None,
 ) -> PipelineSummary:
-    """Log the evaluations, uplift, summaries, plots, eval samples and the model; register it (champion on uplift)."""
+    """Log the evaluations, uplift, summaries, plots, eval samples and the model; register it as champion or
+    challenger against ``eval_dirs["champion"]`` (the evaluation of registry version ``champion_version``),
+    or against the base model when there is no champion yet."""
     metric = cfg.evaluation.metric
     rows = training_rows(cfg.trainer.default_local_dir)
     steps = max((r["step"] for r in rows), default=0)
@@ -183,27 +218,55 @@ def record_results(
     for name, directory in eval_dirs.items():
         run.log_artifact(directory, f"eval/{name}")
     if model_dir is not None and cfg.tracking.log_model:
-        summary.model_version, summary.champion = register_model(run, cfg, model_dir, summary.accuracy_uplift)
+        promotion = promotion_of(cfg, eval_dirs, champion_version)
+        summary.model_version, promotion = register_model(run, cfg, model_dir, promotion)
+        summary.champion, summary.promotion = promotion.promoted, promotion.alias
+        summary.promotion_reason = promotion.reason
+        run.set_tags(promotion.tags())
     summary.mlflow_url = run_url(run)
     run.set_tags({"grpo.steps": str(steps), "grpo.champion": str(summary.champion).lower()})
     return summary
 
 
-def register_model(run: MlflowRun, cfg: GRPOConfig, model_dir: Path, uplift: float) -> tuple[str, bool]:
-    """The exported model as a run artifact and a new registry version; alias ``champion`` above the threshold.
-    The version is "pending" while the server is away (the registration waits in the run's queue)."""
-    run.log_artifact(model_dir, "model")
+def promotion_of(cfg: GRPOConfig, eval_dirs: dict[str, Path], champion_version: str | None) -> Promotion:
+    """The trained model against the champion's evaluation (the base model's while there is no champion)."""
+    if champion_version is not None:
+        against, opponent = f"champion version {champion_version}", eval_dirs["champion"]
+    else:
+        against, opponent = "the base model", eval_dirs["base"]
+    comparison = compare_evaluations(opponent, eval_dirs["trained"], cfg.evaluation.metric)
+    t = cfg.tracking
+    return decide(comparison, against, t.champion_min_uplift, t.champion_alpha)
+
+
+def register_model(run: MlflowRun, cfg: GRPOConfig, model_dir: Path, promotion: Promotion) -> tuple[str, Promotion]:
+    """The exported model as a run artifact and a new registry version, aliased and tagged as ``promotion``
+    says. A re-run of the same pipeline run finds its version instead of registering the model again; the
+    version is "pending" while the server is away (the registration waits in the run's queue)."""
     name = cfg.tracking.registered_model_name or cfg.trainer.project_name
-    champion = uplift > cfg.tracking.champion_min_uplift
-    tags = {"accuracy_uplift": f"{uplift:.6f}"}
-    version = run.register_model(name, tags, "champion" if champion else None)
-    return version or "pending", champion
+    if existing := registered_version(run.client, name, run.run_id):
+        return existing
+    run.log_artifact(model_dir, "model")
+    version = run.register_model(name, promotion.tags(), promotion.alias)
+    return version or "pending", promotion
+
+
+def registered_version(client, name: str, run_id: str) -> tuple[str, Promotion] | None:
+    """The version this MLflow run registered earlier, with the promotion its tags record; None if none."""
+    try:
+        found = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    except Exception:  # noqa: BLE001  (a server that is away: the queued registration decides later)
+        return None
+    if not found:
+        return None
+    return str(found[0].version), Promotion.from_tags(found[0].tags)
 
 
 def markdown_report(summary: PipelineSummary, cfg: GRPOConfig) -> str:
     """The table a person reads first (the Prefect artifact, the CLI's closing lines)."""
     metric = cfg.evaluation.metric.replace("accuracy_", "")
     s = asdict(summary)
+    outcome = f" ({summary.promotion})" if summary.promotion else ""
     lines = [
         f"# GRPO pipeline: {cfg.trainer.project_name} / {cfg.trainer.experiment_name}",
         "",
@@ -216,7 +279,8 @@ def markdown_report(summary: PipelineSummary, cfg: GRPOConfig) -> str:
         f"| step time (s, mean) | {s['step_seconds']:.1f} |",
         f"| steps | {s['steps']} |",
         f"| checkpoint | `{s['checkpoint']}` |",
-        f"| model version | {s['model_version'] or '-'}{' (champion)' if s['champion'] else ''} |",
+        f"| model version | {s['model_version'] or '-'}{outcome} |",
+        f"| promotion | {s['promotion_reason'] or '-'} |",
         f"| MLflow run | {s['mlflow_url']} |",
     ]
     return "\n".join(lines) + "\n"

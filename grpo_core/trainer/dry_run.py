@@ -18,6 +18,8 @@ from grpo_core.models.shape import (
     unknown_override_fields,
     with_overrides,
 )
+from grpo_core.tracking.mlflow_run import tracking_uri
+from grpo_core.tracking.registry import RegistryModel, fetch_model, is_model_uri
 
 
 @dataclass
@@ -25,13 +27,27 @@ class ResolvedRun:
     config: GRPOConfig
     shape: ModelShape | None
     report: Report
+    start_model: RegistryModel | None = None  # model.path was a models:/ URI: the version it resolved to
+
+    def pinned(self, overrides: list[str]) -> list[str]:
+        """``overrides`` for the processes started after this (ranks, the pipeline's tasks): a registry model
+        path replaced by its local copy, so none resolves the URI again (an alias may move meanwhile)."""
+        if self.start_model is None:
+            return list(overrides)
+        return [*overrides, f"actor_rollout_ref.model.path={self.start_model.path}"]
 
 
 def resolve_run(config_path: str | Path | None, overrides: list[str]) -> ResolvedRun:
-    """Load, read the model's shape and check everything. Raises ConfigError only for unreadable input;
-    consistency problems come back in ``report.errors``."""
+    """Load, fetch a registry model (``models:/NAME@ALIAS``), read the model's shape and check everything.
+    Raises ConfigError only for unreadable input, RegistryError/RegistryUnreachable for a registry model that
+    cannot be had; consistency problems come back in ``report.errors``."""
     cfg, notes = load_config_with_notes(config_path, overrides)
     model = cfg.actor_rollout_ref.model
+    start_model = None
+    if is_model_uri(model.path):
+        start_model = fetch_model(model.path, tracking_uri(cfg), cfg.tracking.model_cache_dir)
+        model.path = str(start_model.path)
+        notes.append(f"actor_rollout_ref.model.path: {start_model.describe()}")
     shape, shape_error, unknown = None, None, []
     hf_fields = hf_overrides(model.override_config)
     try:
@@ -50,7 +66,7 @@ def resolve_run(config_path: str | Path | None, overrides: list[str]) -> Resolve
         "it either (a typo?); it is passed on as given"
         for key in unknown
     ]
-    return ResolvedRun(cfg, shape, report)
+    return ResolvedRun(cfg, shape, report, start_model)
 
 
 def render_dry_run(run: ResolvedRun, console: Console) -> None:

@@ -1,0 +1,145 @@
+"""Models from the MLflow registry: ``models:/NAME@ALIAS`` and ``models:/NAME/VERSION`` as a model path.
+
+A URI is resolved once, before anything launches, to one version; that version's files are downloaded once
+into a cache directory keyed by it (tracking server, name, version and source), and the run then reads that
+local directory. Every rank, retry and evaluation sees the same weights even if the alias moves meanwhile,
+and the pipeline's keys (which contain the path) change exactly when the version does.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpo_core.tracking.mlflow_run import quick_http
+
+URI_PREFIX = "models:/"
+MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>[0-9]+))/?$")
+DEFAULT_CACHE = Path("~/.cache/grpo/models")
+CACHE_VAR = "GRPO_MODEL_CACHE"
+MISSING_CODES = ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND", "INVALID_PARAMETER_VALUE")
+
+
+class RegistryError(ValueError):
+    """The URI names no model version (malformed, no such model, alias or version): the user's input, exit 2."""
+
+
+class RegistryUnreachable(ConnectionError):
+    """The tracking server did not answer: not the input's fault (exit 1, worth a retry)."""
+
+
+def is_model_uri(path: str | None) -> bool:
+    return bool(path) and str(path).startswith(URI_PREFIX)
+
+
+def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
+    """``models:/NAME@ALIAS`` -> (NAME, ALIAS, None); ``models:/NAME/VERSION`` -> (NAME, None, VERSION)."""
+    match = MODEL_URI.match(uri)
+    if match is None:
+        raise RegistryError(f"{uri}: not a registry model URI; write models:/NAME@ALIAS or models:/NAME/VERSION")
+    return match["name"], match["alias"], match["version"]
+
+
+@dataclass(frozen=True)
+class RegistryModel:
+    uri: str  # as given
+    name: str
+    version: str
+    source: str  # the artifact location the version was registered from
+    run_id: str | None
+    path: Path  # the local copy
+
+    @property
+    def canonical(self) -> str:
+        """The version itself (what an alias pointed to when it was resolved)."""
+        return f"models:/{self.name}/{self.version}"
+
+    def describe(self) -> str:
+        pinned = "" if self.uri == self.canonical else f" = {self.canonical}"
+        return f"{self.uri}{pinned} (local copy {self.path})"
+
+
+def cache_root(configured: str | None = None) -> Path:
+    """``tracking.model_cache_dir``, else ``$GRPO_MODEL_CACHE``, else ~/.cache/grpo/models."""
+    return Path(configured or os.environ.get(CACHE_VAR) or DEFAULT_CACHE).expanduser()
+
+
+def version_dir(root: Path, tracking_uri: str, name: str, version: str, source: str) -> Path:
+    """One directory per registered version; the hash keeps two servers' ``NAME/1`` apart."""
+    digest = hashlib.sha256("\0".join([tracking_uri, name, version, source]).encode()).hexdigest()[:12]
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
+    return root / safe / f"v{version}-{digest}"
+
+
+def _describe_failure(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+def lookup_version(client, uri: str, server: str):
+    """The registry's ModelVersion that ``uri`` names now (``server``: the tracking URI, for messages)."""
+    from mlflow.exceptions import MlflowException
+
+    name, alias, version = parse_model_uri(uri)
+    try:
+        if alias is not None:
+            return client.get_model_version_by_alias(name, alias)
+        return client.get_model_version(name, version)
+    except MlflowException as e:
+        if e.error_code in MISSING_CODES:
+            what = f"alias {alias!r}" if alias is not None else f"version {version}"
+            raise RegistryError(f"{uri}: registered model {name!r} has no {what} ({_describe_failure(e)})") from None
+        raise RegistryUnreachable(f"{uri}: MLflow at {server}: {_describe_failure(e)}") from None
+    except Exception as e:  # noqa: BLE001  (connection refused, timeouts: all one message)
+        raise RegistryUnreachable(f"{uri}: MLflow at {server}: {_describe_failure(e)}") from None
+
+
+def champion_uri(client, server: str, name: str, alias: str = "champion") -> str | None:
+    """``models:/NAME@champion`` when that alias exists, else None (no such model or alias yet)."""
+    uri = f"{URI_PREFIX}{name}@{alias}"
+    try:
+        lookup_version(client, uri, server)
+    except RegistryError:
+        return None
+    return uri
+
+
+def fetch_model(uri: str, tracking_uri: str, cache_dir: str | None = None) -> RegistryModel:
+    """Resolve ``uri`` to its version and return it with a local copy, downloaded unless already cached."""
+    quick_http()
+    from mlflow import MlflowClient
+    from mlflow.artifacts import download_artifacts
+
+    client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    found = lookup_version(client, uri, tracking_uri)
+    home = version_dir(cache_root(cache_dir), tracking_uri, found.name, str(found.version), found.source)
+    local = home / "model"
+    if not (local / "config.json").is_file():
+        partial = home / f"download.{os.getpid()}"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        try:
+            got = Path(download_artifacts(artifact_uri=found.source, dst_path=str(partial), tracking_uri=tracking_uri))
+        except Exception as e:  # noqa: BLE001
+            shutil.rmtree(partial, ignore_errors=True)
+            raise RegistryUnreachable(f"{uri}: downloading {found.source}: {_describe_failure(e)}") from None
+        if not (got / "config.json").is_file():
+            shutil.rmtree(partial, ignore_errors=True)
+            raise RegistryError(f"{uri}: version {found.version} ({found.source}) holds no config.json: not a model")
+        try:
+            got.rename(local)  # atomic: a concurrent download of the same version loses the race harmlessly
+        except OSError:
+            if not (local / "config.json").is_file():
+                raise
+        shutil.rmtree(partial, ignore_errors=True)
+    return RegistryModel(uri, found.name, str(found.version), found.source, found.run_id, local)
+
+
+def eval_dir(model: RegistryModel, data_digest: str, settings: dict) -> Path:
+    """Where an evaluation of this version on these data and settings is kept: beside its local copy (not
+    inside it, whose file listing is the evaluation's cache key), shared by every run that compares with it."""
+    key = hashlib.sha256(f"{data_digest}\0{json.dumps(settings, sort_keys=True)}".encode()).hexdigest()[:12]
+    return model.path.parent / "eval" / key

@@ -1,0 +1,150 @@
+"""Champion vs challenger: the decision against hand-worked tables, then the registry through the pipeline's
+own code (record_results, the flow's champion lookup) against a real `mlflow server` on loopback."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo_core.config.load import load_config
+from grpo_core.evaluation.stats import paired_uplift
+from grpo_core.tracking.promotion import CHALLENGER, CHAMPION, Promotion, compare_evaluations, decide
+from tests.conftest import REPO
+from tests.support.servers import mlflow_server
+
+
+def test_a_clear_significant_gain_is_promoted():
+    # 20 questions, the new model right on 10 the opponent missed and nowhere worse: uplift 0.5,
+    # McNemar p = 2 · 0.5^10 = 0.001953
+    r = paired_uplift([False] * 20, [True] * 10 + [False] * 10)
+    assert r["p_value"] == pytest.approx(0.001953, abs=1e-6)
+    p = decide(r, "champion version 3", min_uplift=0.0, alpha=0.05)
+    assert p.alias == CHAMPION and p.promoted
+    assert "over champion version 3 on 20 questions" in p.reason and "promoted to champion" in p.reason
+
+
+def test_a_gain_that_may_be_noise_stays_challenger():
+    # 6 against 1 on 20 (tests/test_stats.py): uplift +0.25 but p = 0.125
+    base = [True] * 8 + [False] * 6 + [True] + [False] * 5
+    trained = [True] * 8 + [True] * 6 + [False] + [False] * 5
+    p = decide(paired_uplift(base, trained), "the base model", min_uplift=0.0, alpha=0.05)
+    assert p.alias == CHALLENGER
+    assert "p not below 0.05 (the difference may be noise)" in p.reason and "not above" not in p.reason
+    assert "uplift +0.2500 [-0.0093, +0.4623]" in p.reason and "p = 0.125" in p.reason
+
+
+def test_significant_but_below_the_minimum_uplift_and_the_boundaries():
+    r = {"uplift": 0.02, "ci_low": 0.01, "ci_high": 0.03, "p_value": 0.001, "n": 5000}
+    below = decide(r, "champion version 1", min_uplift=0.05, alpha=0.05)
+    assert below.alias == CHALLENGER and "not above the minimum +0.0500" in below.reason
+    # equal to the minimum is not above it; p equal to alpha is not below it
+    assert decide(r, "x", min_uplift=0.02, alpha=0.05).alias == CHALLENGER
+    assert decide({**r, "p_value": 0.05}, "x", min_uplift=0.0, alpha=0.05).alias == CHALLENGER
+    # no discordant pair at all (all concordant): p = 1, never promoted
+    same = paired_uplift([True, False, True], [True, False, True])
+    assert decide(same, "x", min_uplift=-1.0, alpha=1.0).alias == CHALLENGER
+
+
+def test_tags_round_trip():
+    p = decide(paired_uplift([False] * 20, [True] * 10 + [False] * 10), "the base model", 0.0, 0.05)
+    tags = p.tags()
+    assert tags["grpo.promotion"] == "champion" and tags["grpo.compared_with"] == "the base model"
+    assert tags["grpo.uplift"] == "+0.500000" and tags["grpo.questions"] == "20"
+    back = Promotion.from_tags(tags)
+    assert back.alias == p.alias and back.reason == p.reason
+    assert back.uplift == pytest.approx(p.uplift) and back.ci_low == pytest.approx(p.ci_low, abs=1e-6)
+
+
+def write_eval(directory: Path, correct: list[bool], metric: str = "accuracy_strict") -> Path:
+    """An evaluation's records as `grpo evaluate` writes them (one greedy sample per question)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    records = [{"index": i, "sample": 0, "correct_strict": c, "correct_flexible": c} for i, c in enumerate(correct)]
+    (directory / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    metrics = {metric: sum(correct) / len(correct), "num_questions": float(len(correct))}
+    (directory / "metrics.json").write_text(json.dumps(metrics))
+    return directory
+
+
+def test_compare_evaluations_pairs_by_question(tmp_path):
+    a = write_eval(tmp_path / "a", [True, False, False, True])
+    b = write_eval(tmp_path / "b", [True, True, False, True])
+    r = compare_evaluations(a, b, "accuracy_strict")
+    assert (r["only_trained"], r["only_base"], r["uplift"]) == (1, 0, 0.25)
+    c = write_eval(tmp_path / "c", [True])
+    with pytest.raises(ValueError, match="different questions"):
+        compare_evaluations(a, c, "accuracy_strict")
+
+
+def test_first_run_champion_then_noise_is_challenger_then_a_real_gain_is_promoted(tmp_path):
+    """Three pipeline runs' results on the same 20 questions, through record_results and the flow's own
+    champion lookup (which downloads the champion version from the registry)."""
+    from mlflow import MlflowClient
+
+    from flows.grpo_pipeline import champion_model
+    from grpo_core.tracking.pipeline_run import markdown_report, open_pipeline_run, record_results
+
+    base_correct = [True] * 4 + [False] * 16
+    trained_correct = {
+        1: [True] * 14 + [False] * 6,  # +10 over the base: p = 0.002, champion
+        2: [True] * 15 + [False] * 5,  # +1 over champion v1: p = 1, challenger
+        3: [True] * 20,  # +6 over champion v1, none worse: p = 0.031, champion
+    }
+    with mlflow_server(tmp_path / "mlflow") as uri:
+        client = MlflowClient(uri)
+        outcomes = {}
+        for i in (1, 2, 3):
+            root = tmp_path / f"run{i}"
+            overrides = [
+                f"trainer.default_local_dir={root}",
+                "trainer.project_name=promotion_test",
+                f"tracking.mlflow_tracking_uri={uri}",
+                f"tracking.model_cache_dir={tmp_path / 'cache'}",
+            ]
+            cfg = load_config(REPO / "configs/demo_cpu.yaml", overrides)
+            run = open_pipeline_run(cfg, f"key{i}", {}, root)
+            model_dir = root / "model"
+            model_dir.mkdir()
+            (model_dir / "config.json").write_text(json.dumps({"model_type": "llama", "run": i}))
+            eval_dirs = {
+                "base": write_eval(root / "eval" / "base", base_correct),
+                "trained": write_eval(root / "eval" / "trained", trained_correct[i]),
+            }
+            champion = champion_model(cfg)
+            if champion is not None:
+                # the flow evaluates the champion's files; here: its run's trained records, as they would be
+                assert json.loads((champion.path / "config.json").read_text())["run"] == int(champion.version)
+                eval_dirs["champion"] = write_eval(root / "eval" / "champion", trained_correct[int(champion.version)])
+            summary = record_results(
+                run,
+                cfg,
+                json.loads((eval_dirs["base"] / "metrics.json").read_text()),
+                json.loads((eval_dirs["trained"] / "metrics.json").read_text()),
+                str(root / "ckpt"),
+                eval_dirs,
+                model_dir,
+                champion_version=champion.version if champion else None,
+            )
+            run.finish()
+            assert run.close()
+            champion_now = client.get_model_version_by_alias("promotion_test", "champion").version
+            version = client.get_model_version("promotion_test", summary.model_version)
+            outcomes[i] = (summary.promotion, str(champion_now), version.tags, markdown_report(summary, cfg))
+
+    promotion, champion_now, tags, report = outcomes[1]
+    assert (promotion, champion_now) == ("champion", "1")
+    assert tags["grpo.compared_with"] == "the base model" and tags["grpo.uplift"] == "+0.500000"
+    assert "promoted to champion" in tags["grpo.promotion_reason"]
+    assert "| model version | 1 (champion) |" in report and "promoted to champion" in report
+
+    promotion, champion_now, tags, report = outcomes[2]
+    assert (promotion, champion_now) == ("challenger", "1")  # the alias did not move
+    assert tags["grpo.compared_with"] == "champion version 1" and tags["grpo.uplift"] == "+0.050000"
+    assert float(tags["grpo.uplift_p_value"]) == 1.0
+    assert "may be noise" in tags["grpo.promotion_reason"] and "the champion stays" in tags["grpo.promotion_reason"]
+    assert "| model version | 2 (challenger) |" in report and "may be noise" in report
+
+    promotion, champion_now, tags, report = outcomes[3]
+    assert (promotion, champion_now) == ("champion", "3")
+    assert tags["grpo.compared_with"] == "champion version 1" and tags["grpo.uplift"] == "+0.300000"
+    assert float(tags["grpo.uplift_p_value"]) == pytest.approx(0.03125)
+    assert "p = 0.0312" in tags["grpo.promotion_reason"]
