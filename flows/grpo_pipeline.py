@@ -18,7 +18,7 @@ from grpo_core.config.load import load_config
 from grpo_core.evaluation.gsm8k import METRICS_FILE
 from grpo_core.evaluation.run import EvalSettings
 from grpo_core.tracking.mlflow_run import quick_http, tracking_uri
-from grpo_core.tracking.registry import RegistryModel, champion_uri, eval_dir, fetch_model
+from grpo_core.tracking.registry import RegistryModel, RegistryUnreachable, champion_uri, eval_dir, fetch_model
 from grpo_core.trainer.checkpoint import CheckpointManager
 from grpo_core.trainer.dry_run import resolve_run
 from tasks import evaluate_checkpoint, prepare_gsm8k, train_grpo, unless_missing
@@ -135,7 +135,12 @@ def grpo_pipeline(
         evaluate_trained = unless_missing(evaluate_checkpoint, eval_dirs["trained"] / METRICS_FILE, checkpoint)
         trained = evaluate_trained(checkpoint, eval_file, str(eval_dirs["trained"]), settings)
 
-        champion = champion_model(cfg) if cfg.tracking.log_model else None
+        champion, champion_known = None, True
+        try:
+            champion = champion_model(cfg) if cfg.tracking.log_model else None
+        except RegistryUnreachable as e:  # an outage: train and evaluate anyway, never promote blind
+            log.warning("%s: cannot compare with the champion; the new version will not be promoted", e)
+            champion_known = False
         if champion is not None:  # the same questions and settings, once per champion version
             eval_dirs["champion"] = eval_dir(champion, data_digest, settings)
             evaluate_champion = unless_missing(evaluate_checkpoint, eval_dirs["champion"] / METRICS_FILE)
@@ -150,6 +155,7 @@ def grpo_pipeline(
             eval_dirs,
             Path(checkpoint) / "hf",
             champion_version=champion.version if champion else None,
+            champion_known=champion_known,
         )
     except BaseException:
         mlflow_run.finish("FAILED")  # a re-run with the same key continues this run

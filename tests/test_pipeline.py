@@ -169,7 +169,9 @@ def test_a_tracking_server_down_at_the_start_loses_nothing_once_synced(tmp_path,
         assert {"val/accuracy_uplift", "eval/trained/num_questions"} <= remote.data.metrics.keys()
         assert {a.path for a in client.list_artifacts(run_id, "plots")} >= {"plots/reward.png"}
         assert "model/config.json" in {a.path for a in client.list_artifacts(run_id, "model")}
-        assert client.get_model_version_by_alias("pipeline_test", "champion").run_id == run_id
+        # registered as the queue said; never promoted without reading the registry's champion
+        version = client.get_model_version_by_alias("pipeline_test", "challenger")
+        assert version.run_id == run_id and "could not be read" in version.tags["grpo.promotion_reason"]
 
         again = grpo("tracking", "sync", str(tmp_path / "run"), env=env, cwd=tmp_path, timeout=300)
         assert again.returncode == 0 and "nothing to send" in again.stdout, again.stdout + again.stderr

@@ -13,7 +13,7 @@ for ``grpo tracking sync``.
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from grpo_core.config.load import to_flat_dict, to_yaml
@@ -21,7 +21,7 @@ from grpo_core.config.schema import GRPOConfig
 from grpo_core.tracking import METRICS_FILE
 from grpo_core.tracking.mlflow_run import KEY_TAG, MlflowRun, quick_http, tracking_uri
 from grpo_core.tracking.plots import plot_run
-from grpo_core.tracking.promotion import Promotion, compare_evaluations, decide
+from grpo_core.tracking.promotion import CHALLENGER, Promotion, compare_evaluations, decide
 from grpo_core.tracking.sync import PENDING_FILE
 
 logger = logging.getLogger(__name__)
@@ -183,10 +183,12 @@ def record_results(
     eval_dirs: dict[str, Path],
     model_dir: Path | None,
     champion_version: str | None = None,
+    champion_known: bool = True,
 ) -> PipelineSummary:
     """Log the evaluations, uplift, summaries, plots, eval samples and the model; register it as champion or
     challenger against ``eval_dirs["champion"]`` (the evaluation of registry version ``champion_version``),
-    or against the base model when there is no champion yet."""
+    or against the base model when there is no champion yet. When the registry could not be read
+    (``champion_known`` false) nothing is promoted."""
     metric = cfg.evaluation.metric
     rows = training_rows(cfg.trainer.default_local_dir)
     steps = max((r["step"] for r in rows), default=0)
@@ -219,6 +221,9 @@ def record_results(
         run.log_artifact(directory, f"eval/{name}")
     if model_dir is not None and cfg.tracking.log_model:
         promotion = promotion_of(cfg, eval_dirs, champion_version)
+        if not champion_known and promotion.promoted:
+            reason = f"{promotion.reason}; but the registry's champion could not be read, so it is not promoted"
+            promotion = replace(promotion, alias=CHALLENGER, reason=reason)
         summary.model_version, promotion = register_model(run, cfg, model_dir, promotion)
         summary.champion, summary.promotion = promotion.promoted, promotion.alias
         summary.promotion_reason = promotion.reason
