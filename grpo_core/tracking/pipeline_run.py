@@ -221,8 +221,8 @@ def record_results(
         run.log_artifact(directory, f"eval/{name}")
     if model_dir is not None and cfg.tracking.log_model:
         promotion = promotion_of(cfg, eval_dirs, champion_version)
-        if not champion_known and promotion.promoted:
-            reason = f"{promotion.reason}; but the registry's champion could not be read, so it is not promoted"
+        if not champion_known:
+            reason = f"{promotion.reason}; the registry's champion could not be read, so nothing is promoted"
             promotion = replace(promotion, alias=CHALLENGER, reason=reason)
         summary.model_version, promotion = register_model(run, cfg, model_dir, promotion)
         summary.champion, summary.promotion = promotion.promoted, promotion.alias
