@@ -145,6 +145,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from grpo_core.evaluation.gsm8k import intervals
     from grpo_core.evaluation.run import EvalSettings, evaluate_model
 
     if min(args.n, args.max_new_tokens, args.batch_size, args.limit or 1) < 1 or args.temperature < 0:
@@ -165,8 +166,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     )
     result = evaluate_model(args.model, args.data, args.output, settings)
     out = Path(args.output)
+    cis = intervals(result.metrics)
     for name, value in result.metrics.items():
-        console.print(f"{name}: {value:.4g}", markup=False, highlight=False)
+        ci = cis.get(f"{name}_ci95")
+        within = f" [{ci[0]:.3f}, {ci[1]:.3f}] (95% Wilson)" if ci else ""
+        console.print(f"{name}: {value:.4g}{within}", markup=False, highlight=False)
     rate = result.response_tokens / max(result.elapsed_s, 1e-9)
     console.print(
         f"{len(result.records)} samples, {result.response_tokens} tokens in {result.elapsed_s:.1f} s "
@@ -191,6 +195,7 @@ def cmd_convert_gguf(args: argparse.Namespace) -> int:
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     """The Prefect flow in this process: Prefect's ephemeral API unless PREFECT_API_URL names a server."""
+    from grpo_core.tracking.pipeline_run import uplift_line
     from grpo_core.trainer.dry_run import print_notes_and_warnings, resolve_run
 
     run = resolve_run(args.config, args.overrides)
@@ -208,10 +213,11 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         return 1
     summary = state.result()
     console.print(
-        f"accuracy {summary['accuracy_baseline']:.4f} -> {summary['accuracy']:.4f} "
-        f"(uplift {summary['accuracy_uplift']:+.4f}), {summary['throughput']:.1f} tokens/s per GPU",
+        f"accuracy {summary['accuracy_baseline']:.4f} -> {summary['accuracy']:.4f}, "
+        f"uplift {uplift_line(summary)}; {summary['throughput']:.1f} tokens/s per GPU",
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )
     where = [
         ("MLflow run", summary["mlflow_url"]),

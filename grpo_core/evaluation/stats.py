@@ -54,3 +54,27 @@ def paired_uplift(base: Sequence[bool], trained: Sequence[bool], confidence: flo
     discordant = only_trained + only_base
     p_value = binomtest(min(only_trained, only_base), discordant, 0.5).pvalue if discordant else 1.0
     return {"uplift": d, "ci_low": d - delta, "ci_high": d + epsilon, "p_value": float(min(p_value, 1.0)), **cells}
+
+
+def _signed(x: float) -> str:
+    """``+0.031`` / ``−0.012`` (a real minus sign, so the columns of signed numbers line up)."""
+    return f"{x:+.3f}".replace("-", "\N{MINUS SIGN}")
+
+
+def format_p(p_value: float) -> str:
+    return "p < 0.001" if p_value < 0.001 else f"p = {p_value:.3f}" if p_value < 0.01 else f"p = {p_value:.2f}"
+
+
+def format_uplift(result: dict, unit: str = "question") -> str:
+    """A paired uplift as people read it everywhere (report, CLI, ``grpo compare``):
+    ``+0.031 [−0.012, +0.074], p = 0.17, 1,319 questions``. ``result`` has paired_uplift's keys."""
+    n = int(result["n"])
+    interval = f"[{_signed(result['ci_low'])}, {_signed(result['ci_high'])}]"
+    return f"{_signed(result['uplift'])} {interval}, {format_p(result['p_value'])}, {n:,} {unit}{'' if n == 1 else 's'}"
+
+
+def format_rate(correct: int, n: int, unit: str = "question") -> str:
+    """A proportion with its Wilson interval and sample count: ``0.250 [0.102, 0.495], 16 questions``."""
+    low, high = wilson_interval(correct, n)
+    value = correct / n if n else 0.0
+    return f"{value:.3f} [{low:.3f}, {high:.3f}], {n:,} {unit}{'' if n == 1 else 's'}"

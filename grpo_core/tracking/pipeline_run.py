@@ -13,6 +13,8 @@ from pathlib import Path
 
 from grpo_core.config.load import to_flat_dict, to_yaml
 from grpo_core.config.schema import GRPOConfig
+from grpo_core.evaluation.gsm8k import paired_outcomes, read_samples
+from grpo_core.evaluation.stats import format_uplift, paired_uplift
 from grpo_core.tracking import METRICS_FILE
 from grpo_core.tracking.mlflow_run import MlflowRun, quick_http, tracking_uri
 from grpo_core.tracking.plots import plot_run
@@ -100,6 +102,9 @@ class PipelineSummary:
     step_seconds: float  # mean
     steps: int
     checkpoint: str
+    uplift_ci95: tuple[float, float] = (-1.0, 1.0)  # paired: Newcombe's method 10 over the same questions
+    uplift_p_value: float = 1.0  # exact McNemar
+    questions: int = 0
     model_version: str | None = None
     champion: bool = False
     mlflow_run_id: str = ""
@@ -123,6 +128,8 @@ def record_results(
     metric = cfg.evaluation.metric
     rows = training_rows(cfg.trainer.default_local_dir)
     steps = max((r["step"] for r in rows), default=0)
+    field = metric.replace("accuracy_", "correct_")
+    paired = paired_uplift(*paired_outcomes(read_samples(eval_dirs["base"]), read_samples(eval_dirs["trained"]), field))
     summary = PipelineSummary(
         accuracy_baseline=base[metric],
         accuracy=trained[metric],
@@ -131,6 +138,9 @@ def record_results(
         step_seconds=_mean([r["timing/step"] for r in rows if "timing/step" in r]),
         steps=steps,
         checkpoint=checkpoint,
+        uplift_ci95=(paired["ci_low"], paired["ci_high"]),
+        uplift_p_value=paired["p_value"],
+        questions=paired["n"],
         mlflow_run_id=run.run_id,
     )
     run.log_metrics(
@@ -138,10 +148,13 @@ def record_results(
             "val/accuracy_baseline": summary.accuracy_baseline,
             "val/accuracy": summary.accuracy,
             "val/accuracy_uplift": summary.accuracy_uplift,
+            "val/accuracy_uplift_ci95_low": paired["ci_low"],
+            "val/accuracy_uplift_ci95_high": paired["ci_high"],
+            "val/accuracy_uplift_p_value": paired["p_value"],
             "perf/throughput_mean": summary.throughput,
             "timing/step_mean": summary.step_seconds,
-            **{f"eval/base/{k}": v for k, v in base.items()},
-            **{f"eval/trained/{k}": v for k, v in trained.items()},
+            **{f"eval/base/{k}": v for k, v in base.items() if isinstance(v, int | float)},
+            **{f"eval/trained/{k}": v for k, v in trained.items() if isinstance(v, int | float)},
         },
         step=steps,
     )
@@ -179,6 +192,14 @@ def register_model(run: MlflowRun, cfg: GRPOConfig, model_dir: Path, uplift: flo
     return version.version, champion
 
 
+def uplift_line(summary: PipelineSummary | dict) -> str:
+    """The summary's uplift as ``format_uplift`` writes it (the summary, or the flow's dict of it)."""
+    s = summary if isinstance(summary, dict) else asdict(summary)
+    low, high = s["uplift_ci95"]
+    result = {"uplift": s["accuracy_uplift"], "ci_low": low, "ci_high": high, "p_value": s["uplift_p_value"]}
+    return format_uplift({**result, "n": s["questions"]})
+
+
 def markdown_report(summary: PipelineSummary, cfg: GRPOConfig) -> str:
     """The table a person reads first (the Prefect artifact, the CLI's closing lines)."""
     metric = cfg.evaluation.metric.replace("accuracy_", "")
@@ -190,7 +211,7 @@ def markdown_report(summary: PipelineSummary, cfg: GRPOConfig) -> str:
         "|---|---|",
         f"| base model accuracy (GSM8K, {metric}) | {s['accuracy_baseline']:.4f} |",
         f"| trained model accuracy | {s['accuracy']:.4f} |",
-        f"| **accuracy uplift** | **{s['accuracy_uplift']:+.4f}** |",
+        f"| **accuracy uplift** (95% CI, exact McNemar p) | **{uplift_line(summary)}** |",
         f"| throughput (tokens/s per GPU, mean) | {s['throughput']:.1f} |",
         f"| step time (s, mean) | {s['step_seconds']:.1f} |",
         f"| steps | {s['steps']} |",
