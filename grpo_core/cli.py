@@ -231,26 +231,34 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    """Runs as columns, facts and differing config keys as rows; --plot overlays their curves."""
     from mlflow.exceptions import MlflowException
-    from rich.table import Table
 
-    from grpo_core.tracking.compare import compare_runs
+    from grpo_core.tracking.compare import compare_runs, render, run_curves
+    from grpo_core.tracking.plots import plot_curves
 
+    if args.plot is not None and args.plot.suffix.lower() != ".png":
+        raise UserError(f"--plot writes a PNG: give a file name ending in .png, not {args.plot}")
     try:
         comparison = compare_runs(args.tracking_uri, args.experiment, args.runs)
+        curves = run_curves(args.tracking_uri, comparison) if args.plot is not None and comparison.runs else []
     except LookupError as e:
         raise UserError(str(e).strip("'\"")) from None
     except MlflowException as e:  # the server is down or refused: not the user's input
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         err_console.print(f"error: MLflow at {args.tracking_uri}: {first}", markup=False, soft_wrap=True)
         return EXIT_FAILURE
-    if not comparison.rows:
-        console.print("no runs", markup=False)
+    if not comparison.runs:
+        err_console.print("no runs", markup=False)
         return 0
-    table = Table(*comparison.columns)
-    for row in comparison.rows:
-        table.add_row(*row)
-    console.print(table)
+    width = console.size.width if console.is_terminal else 80
+    sys.stdout.write(render(comparison, args.format, width))
+    if curves:
+        try:
+            plot_curves(curves, args.plot)
+        except OSError as e:
+            raise UserError(f"cannot write {args.plot}: {e.strerror or e}") from None
+        err_console.print(f"plot: {args.plot}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -291,6 +299,8 @@ def _config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from grpo_core.tracking.compare import FORMATS
+
     parser = argparse.ArgumentParser(prog="grpo", description="GRPO on megatron-core: prepare, train, evaluate")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -353,6 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"), help="MLflow store"
     )
+    compare.add_argument("--format", choices=FORMATS, default="table", help="table (80 columns when piped), or data")
+    compare.add_argument("--plot", type=Path, metavar="FILE.png", help="overlay the runs' reward and accuracy curves")
     compare.set_defaults(func=cmd_compare)
 
     keys = sub.add_parser(

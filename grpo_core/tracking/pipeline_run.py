@@ -17,7 +17,7 @@ from grpo_core.evaluation.gsm8k import paired_outcomes, read_samples
 from grpo_core.evaluation.stats import format_uplift, paired_uplift
 from grpo_core.tracking import METRICS_FILE
 from grpo_core.tracking.mlflow_run import MlflowRun, quick_http, tracking_uri
-from grpo_core.tracking.plots import plot_run
+from grpo_core.tracking.plots import Curves, eval_points, plot_curves, plot_run
 
 KEY_TAG = "grpo.pipeline_key"
 NOT_IN_KEY = (
@@ -158,7 +158,11 @@ def record_results(
         },
         step=steps,
     )
-    plots = plot_run(rows, Path(cfg.trainer.default_local_dir) / "plots", summary.accuracy_baseline, summary.accuracy)
+    plots_dir = Path(cfg.trainer.default_local_dir) / "plots"
+    plots = plot_run(rows, plots_dir, summary.accuracy_baseline, summary.accuracy)
+    reward = [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r]
+    accuracy = eval_points(summary.accuracy_baseline, summary.accuracy, summary.questions, max(steps, 1))
+    plots.append(plot_curves([Curves(cfg.trainer.experiment_name, reward, accuracy)], plots_dir / "curves.png"))
     for path in plots:
         run.log_artifact(path, "plots")
     for name, directory in eval_dirs.items():
