@@ -15,6 +15,7 @@ from rich.console import Console
 
 from grpo_core.config import ConfigError, iter_settings
 from grpo_core.config.load import resolve_config_file
+from grpo_core.launch import run_lock
 
 EXIT_INVALID = 2
 EXIT_FAILURE = 1  # also a missing package: the configuration is valid, this environment cannot run it
@@ -41,6 +42,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         console.print("dry run OK: the configuration is consistent and fits", style="green")
         return 0
     launcher = "TORCHELASTIC_RUN_ID" not in os.environ  # else: one rank, started by torchrun
+    if launcher:  # before anything of the run directory is read: one run at a time
+        run_lock.hold_until_exit(run.config.trainer.default_local_dir, wait=args.wait)
     if launcher and (problem := missing_rendezvous(run.config)):
         raise UserError(problem)
     d = run.config.data
@@ -202,6 +205,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     if run.report.errors:
         raise ConfigError(run.report.errors, run.report.warnings)
     print_notes_and_warnings(run.report, err_console)
+    if not args.fresh:  # before Prefect starts, so a busy run directory fails in seconds (--fresh: a new one)
+        run_lock.hold_until_exit(run.config.trainer.default_local_dir, wait=args.wait)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from offline machines
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # busy small machines
     from flows.grpo_pipeline import grpo_pipeline
@@ -307,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train (or check with --dry-run) a configuration")
     _config_arguments(train)
     train.add_argument("--dry-run", action="store_true", help="resolve, check and estimate memory; start nothing")
+    train.add_argument("--wait", action="store_true", help="wait while another run uses the run directory")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="or +key=value (verl's keys)")
     train.set_defaults(func=cmd_train)
 
@@ -354,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _config_arguments(pipeline)
     pipeline.add_argument("--fresh", action="store_true", help="train in a new directory instead of reusing results")
+    pipeline.add_argument("--wait", action="store_true", help="wait while another run uses the run directory")
     pipeline.add_argument("overrides", nargs="*", metavar="key=value")
     pipeline.set_defaults(func=cmd_pipeline)
 
@@ -410,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
         if (line := missing_module_line(e.name)) is None:
             raise
         err_console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
+        return EXIT_FAILURE
+    except run_lock.RunDirBusy as e:
+        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         err_console.print("interrupted")
