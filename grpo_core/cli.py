@@ -224,6 +224,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         highlight=False,
         soft_wrap=True,
     )
+    for line in summary.get("moved", []):
+        console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
     where = [
         ("MLflow run", summary["mlflow_url"]),
         ("Prefect flow run", f"{summary['prefect_flow_run_id']} (prefect flow-run inspect ID)"),

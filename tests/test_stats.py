@@ -2,7 +2,14 @@
 
 import pytest
 
-from grpo_core.evaluation.stats import format_rate, format_uplift, paired_uplift, wilson_interval
+from grpo_core.evaluation.stats import (
+    format_rate,
+    format_uplift,
+    mean_difference,
+    paired_uplift,
+    verdict,
+    wilson_interval,
+)
 
 
 def test_wilson_interval_hand_worked():
@@ -80,3 +87,13 @@ def test_one_format_for_an_uplift_and_a_rate():
     assert format_uplift({**result, "p_value": 0.0034}, unit="sample").endswith("p = 0.003, 1,319 samples")
     # 4 of 16: Wilson (0.101854, 0.494966)
     assert format_rate(4, 16) == "0.250 [0.102, 0.495], 16 questions"
+
+
+def test_mean_difference_welch_by_hand():
+    # 0.1 +- 0.2 (32) -> 0.3 +- 0.2 (32): se = sqrt(2 x 0.04 / 32) = 0.05, z = 4, p = 2 x sf(4) = 6.334e-5
+    r = mean_difference((0.1, 0.2, 32), (0.3, 0.2, 32))
+    assert (r["uplift"], r["ci_low"], r["ci_high"], r["n"]) == pytest.approx((0.2, 0.102002, 0.297998, 32), abs=1e-6)
+    assert r["p_value"] == pytest.approx(6.334248e-5, rel=1e-5) and verdict(r) == "rose"
+    flat = mean_difference((0.0, 0.0, 32), (0.0, 0.0, 32))  # every reward 0: nothing to learn from
+    assert (flat["ci_low"], flat["ci_high"], flat["p_value"]) == (0.0, 0.0, 1.0)
+    assert verdict(flat) == "no significant change (the interval holds 0)"

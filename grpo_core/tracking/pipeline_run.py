@@ -8,13 +8,13 @@ registered model. Plain functions: the Prefect flow calls them, tests call them 
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grpo_core.config.load import to_flat_dict, to_yaml
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.evaluation.gsm8k import paired_outcomes, read_samples
-from grpo_core.evaluation.stats import format_uplift, paired_uplift
+from grpo_core.evaluation.stats import format_uplift, mean_difference, paired_uplift, verdict
 from grpo_core.tracking import METRICS_FILE
 from grpo_core.tracking.mlflow_run import MlflowRun, quick_http, tracking_uri
 from grpo_core.tracking.plots import Curves, eval_points, plot_curves, plot_run
@@ -109,6 +109,7 @@ class PipelineSummary:
     champion: bool = False
     mlflow_run_id: str = ""
     mlflow_url: str = ""
+    moved: list[str] = field(default_factory=list)  # what_moved's lines
 
 
 def _mean(values: list[float]) -> float:
@@ -128,8 +129,10 @@ def record_results(
     metric = cfg.evaluation.metric
     rows = training_rows(cfg.trainer.default_local_dir)
     steps = max((r["step"] for r in rows), default=0)
-    field = metric.replace("accuracy_", "correct_")
-    paired = paired_uplift(*paired_outcomes(read_samples(eval_dirs["base"]), read_samples(eval_dirs["trained"]), field))
+    records = {name: read_samples(eval_dirs[name]) for name in ("base", "trained")}
+    paired = paired_uplift(
+        *paired_outcomes(records["base"], records["trained"], metric.replace("accuracy_", "correct_"))
+    )
     summary = PipelineSummary(
         accuracy_baseline=base[metric],
         accuracy=trained[metric],
@@ -143,6 +146,7 @@ def record_results(
         questions=paired["n"],
         mlflow_run_id=run.run_id,
     )
+    summary.moved = what_moved(cfg, rows, records, paired)
     run.log_metrics(
         {
             "val/accuracy_baseline": summary.accuracy_baseline,
@@ -196,6 +200,37 @@ def register_model(run: MlflowRun, cfg: GRPOConfig, model_dir: Path, uplift: flo
     return version.version, champion
 
 
+def what_moved(cfg: GRPOConfig, rows: list[dict], records: dict[str, list[dict]], accuracy: dict) -> list[str]:
+    """The closing lines: the answer-format rate and the accuracy of the base and trained models on the same
+    questions (paired), and the training reward of the first step against the last, each with its interval,
+    sample count and whether it moved at all."""
+    lines = []
+    fmt = paired_uplift(*paired_outcomes(records["base"], records["trained"], "format_ok"))
+    before, after = (
+        (fmt["both"] + fmt["only_base"]) / max(fmt["n"], 1),
+        (fmt["both"] + fmt["only_trained"]) / max(fmt["n"], 1),
+    )
+    lines.append(
+        f"format rate (`#### N` answers, eval): {before:.3f} -> {after:.3f}, {format_uplift(fmt)}: {verdict(fmt)}"
+    )
+    steps = [r for r in rows if "reward/mean" in r and "reward/std" in r]
+    if len(steps) >= 2:
+        per_step = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
+        first, last = ((r["reward/mean"], r["reward/std"], per_step) for r in (steps[0], steps[-1]))
+        reward = mean_difference(first, last)
+        lines.append(
+            f"training reward (mean per sample): step {steps[0]['step']} {first[0]:.3f} -> step {steps[-1]['step']} "
+            f"{last[0]:.3f}, {format_uplift(reward, unit='sample')} a step: {verdict(reward)}"
+        )
+    b, t = (accuracy["both"] + accuracy["only_base"]), (accuracy["both"] + accuracy["only_trained"])
+    n = max(accuracy["n"], 1)
+    lines.append(
+        f"accuracy ({cfg.evaluation.metric}, eval): {b / n:.3f} -> {t / n:.3f}, {format_uplift(accuracy)}: "
+        f"{verdict(accuracy)}"
+    )
+    return lines
+
+
 def uplift_line(summary: PipelineSummary | dict) -> str:
     """The summary's uplift as ``format_uplift`` writes it (the summary, or the flow's dict of it)."""
     s = summary if isinstance(summary, dict) else asdict(summary)
@@ -223,4 +258,11 @@ def markdown_report(summary: PipelineSummary, cfg: GRPOConfig) -> str:
         f"| model version | {s['model_version'] or '-'}{' (champion)' if s['champion'] else ''} |",
         f"| MLflow run | {s['mlflow_url']} |",
     ]
+    if summary.moved:
+        lines += [
+            "",
+            "What moved (95% intervals; p: exact McNemar for the paired evaluations, Welch for the reward):",
+            "",
+        ]
+        lines += [f"- {line}" for line in summary.moved]
     return "\n".join(lines) + "\n"
