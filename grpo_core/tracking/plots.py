@@ -92,7 +92,9 @@ def plot_curves(runs: list[Curves], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     plt, fig, (top, bottom) = _figure(2)
     reward_steps, accuracy_steps = [], []
+    span = max((s for run in runs for s, *_ in run.accuracy), default=1) or 1
     for i, run in enumerate(runs):
+        dodge = (i - (len(runs) - 1) / 2) * 0.015 * span  # runs' error bars side by side, not on top of each other
         colour = f"C{i % 10}"
         if run.reward:
             top.plot(*zip(*run.reward, strict=True), marker=".", color=colour, label=run.label)
@@ -103,6 +105,7 @@ def plot_curves(runs: list[Curves], path: Path) -> Path:
                 [v - lo for v, lo in zip(values, lows, strict=True)],
                 [h - v for v, h in zip(values, highs, strict=True)],
             ]
+            steps = [s + dodge for s in steps]
             bottom.errorbar(steps, values, yerr=errors, marker="s", capsize=4, color=colour, label=run.label)
             accuracy_steps += list(steps)
     step_axis(top, reward_steps)
