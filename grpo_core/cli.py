@@ -42,7 +42,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         console.print("dry run OK: the configuration is consistent and fits", style="green")
         return 0
     launcher = "TORCHELASTIC_RUN_ID" not in os.environ  # else: one rank, started by torchrun
-    if launcher:  # before anything of the run directory is read: one run at a time
+    if launcher and run.config.launch.node_rank == 0:  # before the run directory is read: one run at a time
+        # (node 0's launcher holds it for the job: the other nodes of a multi-node run share the directory)
         run_lock.hold_until_exit(run.config.trainer.default_local_dir, wait=args.wait)
     if launcher and (problem := missing_rendezvous(run.config)):
         raise UserError(problem)

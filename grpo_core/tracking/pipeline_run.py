@@ -157,8 +157,8 @@ def record_results(
             "val/accuracy_uplift_p_value": paired["p_value"],
             "perf/throughput_mean": summary.throughput,
             "timing/step_mean": summary.step_seconds,
-            **{f"eval/base/{k}": v for k, v in base.items() if isinstance(v, int | float)},
-            **{f"eval/trained/{k}": v for k, v in trained.items() if isinstance(v, int | float)},
+            **{f"eval/base/{k}": v for k, v in base.items()},
+            **{f"eval/trained/{k}": v for k, v in trained.items()},
         },
         step=steps,
     )
