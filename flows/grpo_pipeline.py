@@ -17,6 +17,7 @@ from grpo_core.config import ConfigError
 from grpo_core.config.load import load_config
 from grpo_core.evaluation.gsm8k import METRICS_FILE
 from grpo_core.evaluation.run import EvalSettings
+from grpo_core.launch import run_lock
 from grpo_core.tracking.mlflow_run import quick_http, tracking_uri
 from grpo_core.tracking.registry import RegistryModel, RegistryUnreachable, champion_uri, eval_dir, fetch_model
 from grpo_core.trainer.checkpoint import CheckpointManager
@@ -51,7 +52,29 @@ def registered_name(cfg) -> str:
     return cfg.tracking.registered_model_name or cfg.trainer.project_name
 
 
-@flow(name="grpo-pipeline", log_prints=True)
+_held: dict[str, Path] = {}  # flow run id -> the run directory it holds
+
+
+def hold_run_dir(run_dir: Path) -> None:
+    """One run at a time in a run directory (grpo_core/launch/run_lock.py); let go by ``_let_go`` however the
+    flow run ends. A busy directory fails the flow run at once, naming the holder."""
+    run_lock.acquire(run_dir, flow_run=str(flow_run.id))
+    _held[str(flow_run.id)] = run_dir
+
+
+def _let_go(flow, run, state) -> None:
+    if (run_dir := _held.pop(str(run.id), None)) is not None:
+        run_lock.release(run_dir)
+
+
+@flow(
+    name="grpo-pipeline",
+    log_prints=True,
+    on_completion=[_let_go],
+    on_failure=[_let_go],
+    on_crashed=[_let_go],
+    on_cancellation=[_let_go],
+)
 def grpo_pipeline(
     config: str | None = None,
     overrides: list[str] | None = None,
@@ -94,6 +117,7 @@ def grpo_pipeline(
     overrides = run.pinned(overrides)  # every task reads the version resolved now
     cfg = run.config
     run_dir = Path(cfg.trainer.default_local_dir)
+    hold_run_dir(run_dir)
 
     data_dir = Path(cfg.data.train_files[0]).parent
     data = unless_missing(prepare_gsm8k, *cfg.data.train_files, *cfg.data.val_files)(cfg.data.source, str(data_dir))

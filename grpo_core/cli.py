@@ -16,6 +16,7 @@ from rich.console import Console
 
 from grpo_core.config import ConfigError, iter_settings
 from grpo_core.config.load import resolve_config_file
+from grpo_core.launch import run_lock
 from grpo_core.quiet import attach_log, quiet_terminal
 
 EXIT_INVALID = 2
@@ -44,6 +45,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         console.print("dry run OK: the configuration is consistent and fits", style="green")
         return 0
     launcher = "TORCHELASTIC_RUN_ID" not in os.environ  # else: one rank, started by torchrun
+    if launcher and run.config.launch.node_rank == 0:  # before the run directory is read: one run at a time
+        # (node 0's launcher holds it for the job: the other nodes of a multi-node run share the directory)
+        run_lock.hold_until_exit(run.config.trainer.default_local_dir, wait=args.wait)
     if launcher and (problem := missing_rendezvous(run.config)):
         raise UserError(problem)
     d = run.config.data
@@ -173,6 +177,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from grpo_core.evaluation.gsm8k import intervals
     from grpo_core.evaluation.run import EvalSettings, evaluate_model
     from grpo_core.tracking.registry import is_model_uri
 
@@ -202,8 +207,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         model = str(fetched.path)
     result = evaluate_model(model, args.data, args.output, settings)
     out = Path(args.output)
+    cis = intervals(result.metrics)
     for name, value in result.metrics.items():
-        console.print(f"{name}: {value:.4g}", markup=False, highlight=False)
+        ci = cis.get(f"{name}_ci95")
+        within = f" [{ci[0]:.3f}, {ci[1]:.3f}] (95% Wilson)" if ci else ""
+        console.print(f"{name}: {value:.4g}{within}", markup=False, highlight=False)
     rate = result.response_tokens / max(result.elapsed_s, 1e-9)
     console.print(
         f"{len(result.records)} samples, {result.response_tokens} tokens in {result.elapsed_s:.1f} s "
@@ -228,6 +236,7 @@ def cmd_convert_gguf(args: argparse.Namespace) -> int:
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     """The Prefect flow in this process: Prefect's ephemeral API unless PREFECT_API_URL names a server."""
+    from grpo_core.tracking.pipeline_run import uplift_line
     from grpo_core.trainer.dry_run import print_notes_and_warnings, resolve_run
 
     run = resolve_run(args.config, args.overrides)
@@ -242,6 +251,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         soft_wrap=True,
     )
     print_notes_and_warnings(run.report, err_console)
+    if not args.fresh:  # before Prefect starts, so a busy run directory fails in seconds (--fresh: a new one)
+        run_lock.hold_until_exit(run.config.trainer.default_local_dir, wait=args.wait)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from offline machines
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # busy small machines
     from flows.grpo_pipeline import grpo_pipeline
@@ -263,11 +274,14 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         console.print(summary["reason"], markup=False, highlight=False, soft_wrap=True)
         return 0
     console.print(
-        f"accuracy {summary['accuracy_baseline']:.4f} -> {summary['accuracy']:.4f} "
-        f"(uplift {summary['accuracy_uplift']:+.4f}), {summary['throughput']:.1f} tokens/s per GPU",
+        f"accuracy {summary['accuracy_baseline']:.4f} -> {summary['accuracy']:.4f}, "
+        f"uplift {uplift_line(summary)}; {summary['throughput']:.1f} tokens/s per GPU",
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )
+    for line in summary.get("moved", []):
+        console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
     where = [
         ("MLflow run", summary["mlflow_url"]),
         ("Prefect flow run", f"{summary['prefect_flow_run_id']} (prefect flow-run inspect ID)"),
@@ -282,26 +296,34 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    """Runs as columns, facts and differing config keys as rows; --plot overlays their curves."""
     from mlflow.exceptions import MlflowException
-    from rich.table import Table
 
-    from grpo_core.tracking.compare import compare_runs
+    from grpo_core.tracking.compare import compare_runs, render, run_curves
+    from grpo_core.tracking.plots import plot_curves
 
+    if args.plot is not None and args.plot.suffix.lower() != ".png":
+        raise UserError(f"--plot writes a PNG: give a file name ending in .png, not {args.plot}")
     try:
         comparison = compare_runs(args.tracking_uri, args.experiment, args.runs)
+        curves = run_curves(args.tracking_uri, comparison) if args.plot is not None and comparison.runs else []
     except LookupError as e:
         raise UserError(str(e).strip("'\"")) from None
     except MlflowException as e:  # the server is down or refused: not the user's input
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         err_console.print(f"error: MLflow at {args.tracking_uri}: {first}", markup=False, soft_wrap=True)
         return EXIT_FAILURE
-    if not comparison.rows:
-        console.print("no runs", markup=False)
+    if not comparison.runs:
+        err_console.print("no runs", markup=False)
         return 0
-    table = Table(*comparison.columns)
-    for row in comparison.rows:
-        table.add_row(*row)
-    console.print(table)
+    width = console.size.width if console.is_terminal else 80
+    sys.stdout.write(render(comparison, args.format, width))
+    if curves:
+        try:
+            plot_curves(curves, args.plot)
+        except OSError as e:
+            raise UserError(f"cannot write {args.plot}: {e.strerror or e}") from None
+        err_console.print(f"plot: {args.plot}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -374,12 +396,15 @@ def _config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from grpo_core.tracking.compare import FORMATS
+
     parser = argparse.ArgumentParser(prog="grpo", description="GRPO on megatron-core: prepare, train, evaluate")
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train (or check with --dry-run) a configuration")
     _config_arguments(train)
     train.add_argument("--dry-run", action="store_true", help="resolve, check and estimate memory; start nothing")
+    train.add_argument("--wait", action="store_true", help="wait while another run uses the run directory")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="or +key=value (verl's keys)")
     train.set_defaults(func=cmd_train)
 
@@ -447,6 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a scheduled run: train nothing when start version, data and config are the last scheduled run's",
     )
+    pipeline.add_argument("--wait", action="store_true", help="wait while another run uses the run directory")
     pipeline.add_argument("overrides", nargs="*", metavar="key=value")
     pipeline.set_defaults(func=cmd_pipeline)
 
@@ -456,6 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"), help="MLflow store"
     )
+    compare.add_argument("--format", choices=FORMATS, default="table", help="table (80 columns when piped), or data")
+    compare.add_argument("--plot", type=Path, metavar="FILE.png", help="overlay the runs' reward and accuracy curves")
     compare.set_defaults(func=cmd_compare)
 
     tracking = sub.add_parser("tracking", help="MLflow tracking of a run: send what an outage left pending")
@@ -517,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
         if (line := missing_module_line(e.name)) is None:
             raise
         err_console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
+        return EXIT_FAILURE
+    except run_lock.RunDirBusy as e:
+        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         err_console.print("interrupted")

@@ -18,6 +18,7 @@ from grpo_core.evaluation import (
     pass_at_k,
     write_results,
 )
+from grpo_core.evaluation.gsm8k import paired_outcomes, read_samples
 from grpo_core.rollout import Generation, SamplingSettings
 from tests.support.tiny import TOKENIZER
 
@@ -160,6 +161,27 @@ def test_write_results_and_load_rows_errors(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "samples.jsonl"]  # no temp files left
     with pytest.raises(DataError, match="does not exist"):
         load_rows(tmp_path / "missing.parquet")
+
+
+def test_metrics_json_has_a_wilson_interval_beside_each_proportion(tmp_path):
+    metrics = {"accuracy_strict": 0.25, "format_rate": 0.0, "num_questions": 16.0, "response_tokens_mean": 40.0}
+    written = json.loads((write_results(EvalResult([], metrics), tmp_path) / "metrics.json").read_text())
+    # 4 of 16: (0.101821, 0.494983); 0 of 16: (0, z²/(16 + z²) = 3.841459 / 19.841459 = 0.193608)
+    assert written["accuracy_strict_ci95"] == pytest.approx([0.101821, 0.494983], abs=1e-6)
+    assert written["format_rate_ci95"] == pytest.approx([0.0, 0.193608], abs=1e-6)
+    assert not {"num_questions_ci95", "response_tokens_mean_ci95"} & written.keys()
+
+
+def test_paired_outcomes_take_each_questions_first_sample_in_question_order(tmp_path):
+    def record(index: int, sample: int, correct: bool) -> dict:
+        return {"index": index, "sample": sample, "correct_strict": correct}
+
+    base = [record(1, 0, True), record(1, 1, False), record(0, 0, False), record(0, 1, True)]
+    trained = [record(0, 0, True), record(1, 0, True)]
+    write_results(EvalResult(base, {}), tmp_path)
+    assert paired_outcomes(read_samples(tmp_path), trained, "correct_strict") == ([False, True], [True, True])
+    with pytest.raises(ValueError, match="different questions"):
+        paired_outcomes(base, trained[:1], "correct_strict")
     (tmp_path / "bad.parquet").write_text("not parquet")
     with pytest.raises(DataError, match="is not a readable Parquet file"):
         load_rows(tmp_path / "bad.parquet")

@@ -83,7 +83,7 @@ def test_pipeline_runs_on_the_ephemeral_api_and_a_rerun_is_served_from_its_resul
     assert m["eval/base/num_questions"] == 4
     # artifacts: resolved config, plots, per-sample eval records, the model
     artifacts = {a.path for a in client.list_artifacts(run_id, "plots")}
-    assert artifacts == {"plots/reward.png", "plots/throughput.png", "plots/accuracy.png"}
+    assert artifacts == {"plots/reward.png", "plots/throughput.png", "plots/accuracy.png", "plots/curves.png"}
     samples = client.download_artifacts(run_id, "eval/trained/samples.jsonl", str(tmp_path / "dl"))
     records = [json.loads(line) for line in Path(samples).read_text().splitlines()]
     assert len(records) == 4 and {"question", "response", "gold", "correct_strict"} <= records[0].keys()

@@ -2,7 +2,14 @@
 
 import pytest
 
-from grpo_core.evaluation.stats import paired_uplift, wilson_interval
+from grpo_core.evaluation.stats import (
+    format_rate,
+    format_uplift,
+    mean_difference,
+    paired_uplift,
+    verdict,
+    wilson_interval,
+)
 
 
 def test_wilson_interval_hand_worked():
@@ -71,3 +78,22 @@ def test_newcombe_is_antisymmetric_and_narrows_with_correlation():
     # the same margins (42 and 33 right of 100) with independent pairs (phi ~ 0) give a wider interval
     independent = paired_uplift(*_table(14, 28, 19, 39))
     assert independent["ci_high"] - independent["ci_low"] > r["ci_high"] - r["ci_low"]
+
+
+def test_one_format_for_an_uplift_and_a_rate():
+    result = {"uplift": 0.031, "ci_low": -0.012, "ci_high": 0.074, "p_value": 0.17, "n": 1319}
+    assert format_uplift(result) == "+0.031 [\N{MINUS SIGN}0.012, +0.074], p = 0.17, 1,319 questions"
+    assert format_uplift({**result, "p_value": 0.0004, "n": 1}) == "+0.031 [−0.012, +0.074], p < 0.001, 1 question"
+    assert format_uplift({**result, "p_value": 0.0034}, unit="sample").endswith("p = 0.003, 1,319 samples")
+    # 4 of 16: Wilson (0.101854, 0.494966)
+    assert format_rate(4, 16) == "0.250 [0.102, 0.495], 16 questions"
+
+
+def test_mean_difference_welch_by_hand():
+    # 0.1 +- 0.2 (32) -> 0.3 +- 0.2 (32): se = sqrt(2 x 0.04 / 32) = 0.05, z = 4, p = 2 x sf(4) = 6.334e-5
+    r = mean_difference((0.1, 0.2, 32), (0.3, 0.2, 32))
+    assert (r["uplift"], r["ci_low"], r["ci_high"], r["n"]) == pytest.approx((0.2, 0.102002, 0.297998, 32), abs=1e-6)
+    assert r["p_value"] == pytest.approx(6.334248e-5, rel=1e-5) and verdict(r) == "rose"
+    flat = mean_difference((0.0, 0.0, 32), (0.0, 0.0, 32))  # every reward 0: nothing to learn from
+    assert (flat["ci_low"], flat["ci_high"], flat["p_value"]) == (0.0, 0.0, 1.0)
+    assert verdict(flat) == "no significant change (the interval holds 0)"

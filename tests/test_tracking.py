@@ -1,4 +1,5 @@
-"""MLflow tracking: a real `mlflow server` on loopback that goes away mid-run, secret masking, `grpo compare`."""
+"""MLflow tracking: a real `mlflow server` on loopback that goes away mid-run, secret masking, plots
+(`grpo compare`: tests/test_compare.py)."""
 
 import json
 import time
@@ -6,7 +7,6 @@ import time
 import pytest
 from mlflow import MlflowClient
 
-from grpo_core.tracking.compare import compare_runs
 from grpo_core.tracking.mlflow_run import MlflowRun
 from grpo_core.tracking.plots import plot_run
 from tests.support.servers import free_port, start_mlflow, stop
@@ -55,26 +55,6 @@ def test_params_with_secret_names_are_masked_and_rejected_calls_do_not_block_the
     assert run.flush() and not run.queue
     params = MlflowClient(uri).get_run(run.run_id).data.params
     assert params == {"trainer.env.WANDB_API_KEY": "***", "trainer.env.HF_TOKEN": "***", "model.tokenizer_path": "t"}
-
-
-def test_compare_shows_results_and_only_the_config_keys_that_differ(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    for lr, uplift in (("1e-5", 0.05), ("2e-5", 0.08)):
-        run = MlflowRun.create(uri, "cmp", f"lr{lr}")
-        run.log_params({"actor.optim.lr": lr, "algorithm.adv_estimator": "grpo", "trainer.default_local_dir": lr})
-        run.log_metrics({"val/accuracy_uplift": uplift, "perf/throughput_mean": 1000.0}, step=2)
-        run.finish()
-        assert run.close()
-    table = compare_runs(uri, "cmp")
-    assert table.columns[-1] == "actor.optim.lr" and "algorithm.adv_estimator" not in table.columns
-    assert "trainer.default_local_dir" not in table.columns
-    uplift = table.columns.index("uplift")
-    assert [(row[1], row[uplift], row[-1]) for row in table.rows] == [
-        ("lr2e-5", "0.08", "2e-5"),
-        ("lr1e-5", "0.05", "1e-5"),
-    ]
-    with pytest.raises(LookupError):
-        compare_runs(uri, "no-such-experiment")
 
 
 def test_plots_are_written_for_the_metrics_a_run_has(tmp_path):
@@ -209,3 +189,19 @@ def test_a_training_run_started_while_the_server_is_down_trains_and_keeps_its_ca
     records = [json.loads(line) for line in (tmp_path / "mlflow_pending.jsonl").read_text().splitlines()]
     assert {r["run_id"] for r in records} == {tracker._mlflow.run_id}  # one run, found or created by sync
     assert records[-1]["args"]["metrics"][0].items() >= {"key": "reward/mean", "value": 0.5, "step": 1}.items()
+
+
+def test_step_axes_have_integer_ticks_and_start_where_the_data_does():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from grpo_core.tracking.plots import step_axis
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3], [0.0, 0.1, 0.3])
+    step_axis(ax, [1, 2, 3])
+    assert ax.get_xlim() == (1, 3)
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+    plt.close(fig)

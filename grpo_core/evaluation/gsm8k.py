@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from grpo_core.data.prompts import chat_prompt_ids
+from grpo_core.evaluation.stats import wilson_interval
 from grpo_core.rewards.gsm8k import answers_match, extract_solution
 from grpo_core.rollout.base import RolloutEngine, SamplingSettings
 
@@ -165,6 +166,46 @@ def evaluate(
     return EvalResult(records, summarize(records, n, tuple(k_values)), elapsed_s=elapsed, response_tokens=tokens)
 
 
+def is_proportion(name: str) -> bool:
+    """The metrics that are shares of samples: each gets a Wilson interval."""
+    return name.startswith(("accuracy_", "pass@", "maj@")) or name == "format_rate"
+
+
+def intervals(metrics: dict[str, float]) -> dict[str, list[float]]:
+    """``<metric>_ci95``: the 95% Wilson interval of every proportion, over the questions.
+
+    Over questions, not samples: with n samples per question the samples of one question are not
+    independent, so counting them all would make the interval too narrow; with one sample (the pipeline's
+    greedy evaluation) the two are the same."""
+    questions = int(metrics.get("num_questions", 0))
+    if not questions:
+        return {}
+    return {
+        f"{name}_ci95": list(wilson_interval(round(value * questions), questions))
+        for name, value in metrics.items()
+        if is_proportion(name)
+    }
+
+
+def read_samples(out_dir: str | Path) -> list[dict]:
+    """The per-sample records ``write_results`` left in ``out_dir``."""
+    text = (Path(out_dir) / SAMPLES_FILE).read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def paired_outcomes(base: list[dict], trained: list[dict], field: str) -> tuple[list[bool], list[bool]]:
+    """``field`` (``correct_strict``, ``format_ok``...) of each question's first sample in both evaluations,
+    in question order: the pairs a paired test needs. Raises ValueError when the questions differ."""
+    first = [{r["index"]: bool(r[field]) for r in records if r.get("sample", 0) == 0} for records in (base, trained)]
+    if first[0].keys() != first[1].keys():
+        raise ValueError(
+            f"the two evaluations answer different questions ({len(first[0])} vs {len(first[1])}); "
+            "evaluate both with the same data and limit"
+        )
+    questions = sorted(first[0])
+    return [first[0][q] for q in questions], [first[1][q] for q in questions]
+
+
 def accuracy_uplift(trained: dict[str, float], base: dict[str, float]) -> dict[str, float]:
     """trained - base for every metric both have, named ``<metric>_uplift``."""
     return {f"{name}_uplift": trained[name] - base[name] for name in trained if name in base}
@@ -184,9 +225,11 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def write_results(result: EvalResult, out_dir: str | Path) -> Path:
-    """``samples.jsonl`` (one record a line) and ``metrics.json`` in ``out_dir``; returns the directory."""
+    """``samples.jsonl`` (one record a line) and ``metrics.json`` (with each proportion's ``_ci95``) in
+    ``out_dir``; returns the directory."""
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     _write_atomic(out / SAMPLES_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.records))
-    _write_atomic(out / METRICS_FILE, json.dumps(result.metrics, indent=2, sort_keys=True) + "\n")
+    metrics = {**result.metrics, **intervals(result.metrics)}
+    _write_atomic(out / METRICS_FILE, json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     return out

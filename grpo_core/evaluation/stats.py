@@ -54,3 +54,54 @@ def paired_uplift(base: Sequence[bool], trained: Sequence[bool], confidence: flo
     discordant = only_trained + only_base
     p_value = binomtest(min(only_trained, only_base), discordant, 0.5).pvalue if discordant else 1.0
     return {"uplift": d, "ci_low": d - delta, "ci_high": d + epsilon, "p_value": float(min(p_value, 1.0)), **cells}
+
+
+def _signed(x: float) -> str:
+    """``+0.031`` / ``−0.012`` (a real minus sign, so the columns of signed numbers line up)."""
+    return f"{x:+.3f}".replace("-", "\N{MINUS SIGN}")
+
+
+def format_p(p_value: float) -> str:
+    return "p < 0.001" if p_value < 0.001 else f"p = {p_value:.3f}" if p_value < 0.01 else f"p = {p_value:.2f}"
+
+
+def format_uplift(result: dict, unit: str = "question") -> str:
+    """A paired uplift as people read it everywhere (report, CLI, ``grpo compare``):
+    ``+0.031 [−0.012, +0.074], p = 0.17, 1,319 questions``. ``result`` has paired_uplift's keys."""
+    n = int(result["n"])
+    interval = f"[{_signed(result['ci_low'])}, {_signed(result['ci_high'])}]"
+    return f"{_signed(result['uplift'])} {interval}, {format_p(result['p_value'])}, {n:,} {unit}{'' if n == 1 else 's'}"
+
+
+def format_rate(correct: int, n: int, unit: str = "question") -> str:
+    """A proportion with its Wilson interval and sample count: ``0.250 [0.102, 0.495], 16 questions``."""
+    low, high = wilson_interval(correct, n)
+    value = correct / n if n else 0.0
+    return f"{value:.3f} [{low:.3f}, {high:.3f}], {n:,} {unit}{'' if n == 1 else 's'}"
+
+
+def mean_difference(
+    before: tuple[float, float, int], after: tuple[float, float, int], confidence: float = 0.95
+) -> dict:
+    """after - before of two independent means, each given as (mean, standard deviation, count): the normal
+    (Welch) interval and two-sided p-value, with paired_uplift's keys (``n``: the smaller count). For a per-step
+    mean like the training reward, whose samples differ from step to step."""
+    from scipy.stats import norm
+
+    (m1, s1, n1), (m2, s2, n2) = before, after
+    d = m2 - m1
+    se = sqrt((s1**2 / n1 if n1 else 0.0) + (s2**2 / n2 if n2 else 0.0))
+    if se == 0:
+        return {"uplift": d, "ci_low": d, "ci_high": d, "p_value": 1.0 if d == 0 else 0.0, "n": min(n1, n2)}
+    z = float(norm.ppf(0.5 + confidence / 2))
+    p = float(2 * norm.sf(abs(d) / se))
+    return {"uplift": d, "ci_low": d - z * se, "ci_high": d + z * se, "p_value": p, "n": min(n1, n2)}
+
+
+def verdict(result: dict) -> str:
+    """In words: did it move? Only when the interval excludes 0."""
+    if result["ci_low"] > 0:
+        return "rose"
+    if result["ci_high"] < 0:
+        return "fell"
+    return "no significant change (the interval holds 0)"

@@ -13,14 +13,16 @@ for ``grpo tracking sync``.
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from grpo_core.config.load import to_flat_dict, to_yaml
 from grpo_core.config.schema import GRPOConfig
+from grpo_core.evaluation.gsm8k import paired_outcomes, read_samples
+from grpo_core.evaluation.stats import format_uplift, mean_difference, paired_uplift, verdict
 from grpo_core.tracking import METRICS_FILE
 from grpo_core.tracking.mlflow_run import KEY_TAG, MlflowRun, quick_http, tracking_uri
-from grpo_core.tracking.plots import plot_run
+from grpo_core.tracking.plots import Curves, eval_points, plot_curves, plot_run
 from grpo_core.tracking.promotion import CHALLENGER, Promotion, compare_evaluations, decide
 from grpo_core.tracking.sync import PENDING_FILE
 
@@ -162,12 +164,16 @@ class PipelineSummary:
     step_seconds: float  # mean
     steps: int
     checkpoint: str
+    uplift_ci95: tuple[float, float] = (-1.0, 1.0)  # paired: Newcombe's method 10 over the same questions
+    uplift_p_value: float = 1.0  # exact McNemar
+    questions: int = 0
     model_version: str | None = None
     champion: bool = False
     promotion: str = ""  # champion / challenger (empty: not registered)
     promotion_reason: str = ""
     mlflow_run_id: str = ""
     mlflow_url: str = ""
+    moved: list[str] = field(default_factory=list)  # what_moved's lines
 
 
 def _mean(values: list[float]) -> float:
@@ -192,6 +198,10 @@ def record_results(
     metric = cfg.evaluation.metric
     rows = training_rows(cfg.trainer.default_local_dir)
     steps = max((r["step"] for r in rows), default=0)
+    records = {name: read_samples(eval_dirs[name]) for name in ("base", "trained")}
+    paired = paired_uplift(
+        *paired_outcomes(records["base"], records["trained"], metric.replace("accuracy_", "correct_"))
+    )
     summary = PipelineSummary(
         accuracy_baseline=base[metric],
         accuracy=trained[metric],
@@ -200,13 +210,20 @@ def record_results(
         step_seconds=_mean([r["timing/step"] for r in rows if "timing/step" in r]),
         steps=steps,
         checkpoint=checkpoint,
+        uplift_ci95=(paired["ci_low"], paired["ci_high"]),
+        uplift_p_value=paired["p_value"],
+        questions=paired["n"],
         mlflow_run_id=run.run_id,
     )
+    summary.moved = what_moved(cfg, rows, records, paired)
     run.log_metrics(
         {
             "val/accuracy_baseline": summary.accuracy_baseline,
             "val/accuracy": summary.accuracy,
             "val/accuracy_uplift": summary.accuracy_uplift,
+            "val/accuracy_uplift_ci95_low": paired["ci_low"],
+            "val/accuracy_uplift_ci95_high": paired["ci_high"],
+            "val/accuracy_uplift_p_value": paired["p_value"],
             "perf/throughput_mean": summary.throughput,
             "timing/step_mean": summary.step_seconds,
             **{f"eval/base/{k}": v for k, v in base.items()},
@@ -214,7 +231,11 @@ def record_results(
         },
         step=steps,
     )
-    plots = plot_run(rows, Path(cfg.trainer.default_local_dir) / "plots", summary.accuracy_baseline, summary.accuracy)
+    plots_dir = Path(cfg.trainer.default_local_dir) / "plots"
+    plots = plot_run(rows, plots_dir, summary.accuracy_baseline, summary.accuracy)
+    reward = [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r]
+    accuracy = eval_points(summary.accuracy_baseline, summary.accuracy, summary.questions, max(steps, 1))
+    plots.append(plot_curves([Curves(cfg.trainer.experiment_name, reward, accuracy)], plots_dir / "curves.png"))
     for path in plots:
         run.log_artifact(path, "plots")
     for name, directory in eval_dirs.items():
@@ -267,6 +288,45 @@ def registered_version(client, name: str, run_id: str) -> tuple[str, Promotion] 
     return str(found[0].version), Promotion.from_tags(found[0].tags)
 
 
+def what_moved(cfg: GRPOConfig, rows: list[dict], records: dict[str, list[dict]], accuracy: dict) -> list[str]:
+    """The closing lines: the answer-format rate and the accuracy of the base and trained models on the same
+    questions (paired), and the training reward of the first step against the last, each with its interval,
+    sample count and whether it moved at all."""
+    lines = []
+    fmt = paired_uplift(*paired_outcomes(records["base"], records["trained"], "format_ok"))
+    before, after = (
+        (fmt["both"] + fmt["only_base"]) / max(fmt["n"], 1),
+        (fmt["both"] + fmt["only_trained"]) / max(fmt["n"], 1),
+    )
+    lines.append(
+        f"format rate (`#### N` answers, eval): {before:.3f} -> {after:.3f}, {format_uplift(fmt)}: {verdict(fmt)}"
+    )
+    steps = [r for r in rows if "reward/mean" in r and "reward/std" in r]
+    if len(steps) >= 2:
+        per_step = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
+        first, last = ((r["reward/mean"], r["reward/std"], per_step) for r in (steps[0], steps[-1]))
+        reward = mean_difference(first, last)
+        lines.append(
+            f"training reward (mean per sample): step {steps[0]['step']} {first[0]:.3f} -> step {steps[-1]['step']} "
+            f"{last[0]:.3f}, {format_uplift(reward, unit='sample')} a step: {verdict(reward)}"
+        )
+    b, t = (accuracy["both"] + accuracy["only_base"]), (accuracy["both"] + accuracy["only_trained"])
+    n = max(accuracy["n"], 1)
+    lines.append(
+        f"accuracy ({cfg.evaluation.metric}, eval): {b / n:.3f} -> {t / n:.3f}, {format_uplift(accuracy)}: "
+        f"{verdict(accuracy)}"
+    )
+    return lines
+
+
+def uplift_line(summary: PipelineSummary | dict) -> str:
+    """The summary's uplift as ``format_uplift`` writes it (the summary, or the flow's dict of it)."""
+    s = summary if isinstance(summary, dict) else asdict(summary)
+    low, high = s["uplift_ci95"]
+    result = {"uplift": s["accuracy_uplift"], "ci_low": low, "ci_high": high, "p_value": s["uplift_p_value"]}
+    return format_uplift({**result, "n": s["questions"]})
+
+
 def markdown_report(summary: PipelineSummary, cfg: GRPOConfig) -> str:
     """The table a person reads first (the Prefect artifact, the CLI's closing lines)."""
     metric = cfg.evaluation.metric.replace("accuracy_", "")
@@ -279,7 +339,7 @@ def markdown_report(summary: PipelineSummary, cfg: GRPOConfig) -> str:
         "|---|---|",
         f"| base model accuracy (GSM8K, {metric}) | {s['accuracy_baseline']:.4f} |",
         f"| trained model accuracy | {s['accuracy']:.4f} |",
-        f"| **accuracy uplift** | **{s['accuracy_uplift']:+.4f}** |",
+        f"| **accuracy uplift** (95% CI, exact McNemar p) | **{uplift_line(summary)}** |",
         f"| throughput (tokens/s per GPU, mean) | {s['throughput']:.1f} |",
         f"| step time (s, mean) | {s['step_seconds']:.1f} |",
         f"| steps | {s['steps']} |",
@@ -288,4 +348,11 @@ def markdown_report(summary: PipelineSummary, cfg: GRPOConfig) -> str:
         f"| promotion | {s['promotion_reason'] or '-'} |",
         f"| MLflow run | {s['mlflow_url']} |",
     ]
+    if summary.moved:
+        lines += [
+            "",
+            "What moved (95% intervals; p: exact McNemar for the paired evaluations, Welch for the reward):",
+            "",
+        ]
+        lines += [f"- {line}" for line in summary.moved]
     return "\n".join(lines) + "\n"
