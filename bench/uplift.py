@@ -16,17 +16,12 @@ import json
 import sys
 from pathlib import Path
 
-from grpo_core.evaluation.stats import paired_uplift
+from grpo_core.evaluation.gsm8k import compare_evaluations
 
 
 def format_rate(mean_reward: float, accuracy: float, format_score: float) -> float:
     """Share of samples with a `#### N` answer: mean = accuracy + format_score x (format - accuracy)."""
     return accuracy + (mean_reward - accuracy) / format_score
-
-
-def _correct_by_question(eval_dir: Path) -> dict[int, bool]:
-    records = [json.loads(line) for line in (eval_dir / "samples.jsonl").read_text().splitlines() if line.strip()]
-    return {r["index"]: bool(r["correct_strict"]) for r in records if r.get("sample", 0) == 0}
 
 
 def plot_curves(rows: list[dict], out: Path, format_score: float, base: float, trained: float) -> None:
@@ -71,12 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"error: no samples file: {', '.join(missing)}", file=sys.stderr)
         return 2
-    base, trained = _correct_by_question(args.base), _correct_by_question(args.trained)
-    if set(base) != set(trained):
-        print(f"error: the two evaluations answer different questions ({len(base)} vs {len(trained)})", file=sys.stderr)
+    try:
+        r = compare_evaluations(args.base, args.trained, "accuracy_strict")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    questions = sorted(base)
-    r = paired_uplift([base[q] for q in questions], [trained[q] for q in questions])
     n, diff, lower, upper, p = r["n"], r["uplift"], r["ci_low"], r["ci_high"], r["p_value"]
     result = {
         **r,

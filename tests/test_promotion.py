@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config.load import load_config
+from grpo_core.evaluation.gsm8k import compare_evaluations
 from grpo_core.evaluation.stats import paired_uplift
-from grpo_core.tracking.promotion import CHALLENGER, CHAMPION, Promotion, compare_evaluations, decide
+from grpo_core.tracking.promotion import CHALLENGER, CHAMPION, Promotion, decide
 from tests.conftest import REPO
 from tests.support.servers import mlflow_server
 

@@ -206,6 +206,14 @@ def paired_outcomes(base: list[dict], trained: list[dict], field: str) -> tuple[
     return [first[0][q] for q in questions], [first[1][q] for q in questions]
 
 
+def compare_evaluations(base_dir: str | Path, trained_dir: str | Path, metric: str) -> dict:
+    """``paired_uplift`` of two evaluations of the same questions, by ``metric`` (accuracy_strict/_flexible)."""
+    from grpo_core.evaluation.stats import paired_uplift
+
+    field = metric.replace("accuracy_", "correct_")
+    return paired_uplift(*paired_outcomes(read_samples(base_dir), read_samples(trained_dir), field))
+
+
 def accuracy_uplift(trained: dict[str, float], base: dict[str, float]) -> dict[str, float]:
     """trained - base for every metric both have, named ``<metric>_uplift``."""
     return {f"{name}_uplift": trained[name] - base[name] for name in trained if name in base}

@@ -18,12 +18,12 @@ from pathlib import Path
 
 from grpo_core.config.load import to_flat_dict, to_yaml
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.evaluation.gsm8k import paired_outcomes, read_samples
+from grpo_core.evaluation.gsm8k import compare_evaluations, paired_outcomes, read_samples
 from grpo_core.evaluation.stats import format_uplift, mean_difference, paired_uplift, verdict
 from grpo_core.tracking import METRICS_FILE
 from grpo_core.tracking.mlflow_run import KEY_TAG, MlflowRun, quick_http, tracking_uri
 from grpo_core.tracking.plots import Curves, eval_points, plot_curves, plot_run
-from grpo_core.tracking.promotion import CHALLENGER, Promotion, compare_evaluations, decide
+from grpo_core.tracking.promotion import CHALLENGER, Promotion, decide
 from grpo_core.tracking.sync import PENDING_FILE
 
 logger = logging.getLogger(__name__)

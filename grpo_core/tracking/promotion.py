@@ -6,12 +6,7 @@ than ``tracking.champion_min_uplift`` and the paired test says the gain is unlik
 registry's champion is always the best model shown so far. ``decide`` is a pure function of the comparison.
 """
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
-
-from grpo_core.evaluation.gsm8k import SAMPLES_FILE
-from grpo_core.evaluation.stats import paired_uplift
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 TAG_PREFIX = "grpo."
@@ -77,20 +72,3 @@ def decide(comparison: dict, against: str, min_uplift: float, alpha: float) -> P
             misses.append(f"p not below {alpha:g} (the difference may be noise)")
         why = f"{' and '.join(misses)}: registered as challenger, the champion stays"
     return Promotion(alias, against, d, low, high, p, n, f"{measured}; {why}")
-
-
-def correct_by_question(eval_dir: str | Path, metric: str) -> dict[int, bool]:
-    """Per question (its first sample), whether it was answered right by ``metric`` (accuracy_strict/_flexible)."""
-    column = metric.replace("accuracy_", "correct_")
-    lines = (Path(eval_dir) / SAMPLES_FILE).read_text().splitlines()
-    records = [json.loads(line) for line in lines if line.strip()]
-    return {r["index"]: bool(r[column]) for r in records if r.get("sample", 0) == 0}
-
-
-def compare_evaluations(opponent_dir: str | Path, new_dir: str | Path, metric: str) -> dict:
-    """``paired_uplift`` of two evaluations' records on the questions both answered."""
-    before, after = correct_by_question(opponent_dir, metric), correct_by_question(new_dir, metric)
-    if set(before) != set(after):
-        raise ValueError(f"{opponent_dir} and {new_dir} answer different questions ({len(before)} vs {len(after)})")
-    questions = sorted(before)
-    return paired_uplift([before[q] for q in questions], [after[q] for q in questions])
