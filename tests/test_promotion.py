@@ -59,7 +59,10 @@ def test_tags_round_trip():
 def write_eval(directory: Path, correct: list[bool], metric: str = "accuracy_strict") -> Path:
     """An evaluation's records as `grpo evaluate` writes them (one greedy sample per question)."""
     directory.mkdir(parents=True, exist_ok=True)
-    records = [{"index": i, "sample": 0, "correct_strict": c, "correct_flexible": c} for i, c in enumerate(correct)]
+    records = [
+        {"index": i, "sample": 0, "correct_strict": c, "correct_flexible": c, "format_ok": True}
+        for i, c in enumerate(correct)
+    ]
     (directory / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     metrics = {metric: sum(correct) / len(correct), "num_questions": float(len(correct))}
     (directory / "metrics.json").write_text(json.dumps(metrics))
