@@ -10,6 +10,7 @@ from grpo_core.diagnostics import advice
 from grpo_core.diagnostics.gpu import Sample, gpu_metrics
 from grpo_core.diagnostics.profile import comm_shares, read_trace
 from grpo_core.models.shape import ModelShape
+from tests.support.tiny import capitals_data
 
 
 def span(name: str, ts: float, dur: float, cat: str = "cpu_op") -> dict:
@@ -239,8 +240,7 @@ def test_cli_reports_a_missing_package_in_one_line_and_exits_1(monkeypatch, caps
 def test_a_missing_wandb_is_one_error_line_before_launch(monkeypatch, capsys, tmp_path):
     from grpo_core import cli
 
-    data = tmp_path / "train.parquet"
-    data.write_bytes(b"")  # only its existence is checked before the package check
+    data = capitals_data(tmp_path) / "train.parquet"  # valid data: only the package is missing
     monkeypatch.setattr(advice, "installed", lambda module: module != "wandb")
     cfg = load_config(None, ["trainer.logger=[console,wandb]"])
     assert advice.missing_dependencies(cfg) == [
