@@ -9,10 +9,8 @@ import json
 import struct
 from pathlib import Path
 
-from grpo_core.data.gsm8k import DataError
+from grpo_core.data.prompts import check_data_file
 from grpo_core.models.shape import ModelShapeError
-
-PROMPT_COLUMNS = ("prompt", "reward_model")  # what training, validation and evaluation read of a row
 
 
 def check_weights(model_dir: str | Path, formats: tuple[str, ...] = ("*.safetensors",)) -> None:
@@ -43,28 +41,6 @@ def check_tokenizer_fits(tokenizer, vocab_size: int, tokenizer_path: str, model_
             f"{tokenizer_path}: the tokenizer has {n} tokens, more than the model's vocabulary ({vocab_size}, "
             f"{model_path}); use the tokenizer the model was trained with"
         )
-
-
-def check_data_file(path: str | Path, columns: tuple[str, ...] = PROMPT_COLUMNS) -> int:
-    """A readable parquet file with ``columns`` and at least one row (read from its footer only); its rows."""
-    import pyarrow.parquet as pq
-
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise DataError(f"data file {path} {'is not a file' if path.exists() else 'does not exist'}")
-    try:
-        parquet = pq.ParquetFile(path)
-    except Exception as e:
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise DataError(f"{path} is not a readable Parquet file: {reason}") from None
-    if missing := [c for c in columns if c not in parquet.schema_arrow.names]:
-        found = ", ".join(parquet.schema_arrow.names) or "none"
-        raise DataError(
-            f"{path} has no {'/'.join(missing)} column (columns: {found}); expected verl's schema (see `grpo prepare`)"
-        )
-    if (rows := parquet.metadata.num_rows) == 0:
-        raise DataError(f"{path} has no rows (an empty dataset)")
-    return rows
 
 
 def check_training_inputs(cfg, vocab_size: int) -> None:

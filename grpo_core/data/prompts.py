@@ -11,21 +11,37 @@ import torch
 
 from grpo_core.data.gsm8k import DataError
 
+PROMPT_COLUMNS = ("prompt", "reward_model")  # what training, validation and evaluation read of a row
 
-def load_rows(path: str | Path, limit: int | None = None) -> list[dict]:
-    """Rows of a verl-schema parquet file (``grpo prepare``'s output); DataError if it is not one."""
+
+def check_data_file(path: str | Path, columns: tuple[str, ...] = PROMPT_COLUMNS) -> int:
+    """A readable parquet file with ``columns`` and at least one row (read from its footer only); its rows."""
     import pyarrow.parquet as pq
 
     path = Path(path).expanduser()
     if not path.is_file():
         raise DataError(f"data file {path} {'is not a file' if path.exists() else 'does not exist'}")
     try:
-        table = pq.read_table(path)
-    except Exception as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise DataError(f"{path} is not a readable Parquet file: {reason}") from exc
-    if missing := sorted({"prompt", "reward_model"} - set(table.column_names)):
-        raise DataError(f"{path} has no {'/'.join(missing)} column; expected verl's schema (see `grpo prepare`)")
+        parquet = pq.ParquetFile(path)
+    except Exception as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise DataError(f"{path} is not a readable Parquet file: {reason}") from None
+    if missing := [c for c in columns if c not in parquet.schema_arrow.names]:
+        found = ", ".join(parquet.schema_arrow.names) or "none"
+        raise DataError(
+            f"{path} has no {'/'.join(missing)} column (columns: {found}); expected verl's schema (see `grpo prepare`)"
+        )
+    if (rows := parquet.metadata.num_rows) == 0:
+        raise DataError(f"{path} has no rows (an empty dataset)")
+    return rows
+
+
+def load_rows(path: str | Path, limit: int | None = None) -> list[dict]:
+    """Rows of a verl-schema parquet file (``grpo prepare``'s output); DataError if it is not one."""
+    import pyarrow.parquet as pq
+
+    check_data_file(path)
+    table = pq.read_table(Path(path).expanduser())
     if limit is not None:
         table = table.slice(0, limit)
     return table.to_pylist()

@@ -76,9 +76,9 @@ def evaluate_model(
     import torch
 
     from grpo_core.data.gsm8k import DataError
-    from grpo_core.data.prompts import load_rows
+    from grpo_core.data.prompts import check_data_file, load_rows
     from grpo_core.models.shape import read_hf_config
-    from grpo_core.preflight import check_data_file, check_tokenizer_fits, check_weights
+    from grpo_core.preflight import check_tokenizer_fits, check_weights
     from grpo_core.rollout.hf import HFEngine, ModelLoadError, load_tokenizer
 
     check_data_file(data_file)  # before a checkpoint's export, which takes a while
