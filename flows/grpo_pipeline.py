@@ -117,7 +117,6 @@ def grpo_pipeline(
     overrides = run.pinned(overrides)  # every task reads the version resolved now
     cfg = run.config
     run_dir = Path(cfg.trainer.default_local_dir)
-    hold_run_dir(run_dir)
 
     data_dir = Path(cfg.data.train_files[0]).parent
     data = unless_missing(prepare_gsm8k, *cfg.data.train_files, *cfg.data.val_files)(cfg.data.source, str(data_dir))
@@ -135,6 +134,7 @@ def grpo_pipeline(
         create_markdown_artifact(f"# GRPO pipeline: skipped\n\n{message}\n", key="grpo-pipeline-report")
         return {"skipped": True, "reason": message, "mlflow_run_id": last[0], "prefect_flow_run_id": str(flow_run.id)}
 
+    hold_run_dir(run_dir)  # from here on the run directory is written: one run at a time
     tags = {
         "prefect.flow_run_id": str(flow_run.id),
         "prefect.flow_run_name": str(flow_run.name),
