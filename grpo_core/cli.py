@@ -242,6 +242,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     run = resolve_run(args.config, args.overrides)
     if run.report.errors:
         raise ConfigError(run.report.errors, run.report.warnings)
+    if not args.fresh:  # before anything is written or Prefect starts: a busy run directory fails in seconds
+        run_lock.hold_until_exit(run.config.trainer.default_local_dir, wait=args.wait)  # (--fresh: a new one)
     log = attach_log(Path(run.config.trainer.default_local_dir) / "launch" / "pipeline.log")
     err_console.print(
         f"grpo pipeline: {run.config.trainer.project_name} / {run.config.trainer.experiment_name} in "
@@ -251,8 +253,6 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         soft_wrap=True,
     )
     print_notes_and_warnings(run.report, err_console)
-    if not args.fresh:  # before Prefect starts, so a busy run directory fails in seconds (--fresh: a new one)
-        run_lock.hold_until_exit(run.config.trainer.default_local_dir, wait=args.wait)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from offline machines
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # busy small machines
     from flows.grpo_pipeline import grpo_pipeline
