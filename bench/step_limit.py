@@ -127,6 +127,8 @@ def rows_for(name: str, records: list[dict], shape, flops_per_s, bytes_per_s, op
         if "timing/step" not in r or "perf/total_tokens" not in r:
             continue
         bounds = phase_bounds(shape, step_work(r), flops_per_s, bytes_per_s, optimizer_steps)
+        # a phase the run skips (no reference; an on-policy step has no separate old-log-prob pass) bounds nothing
+        bounds = {p: b if f"timing/{p}" in r else 0.0 for p, b in bounds.items()}
         measured = {p: r.get(f"timing/{p}", 0.0) for p in PHASES}
         out.append(
             {

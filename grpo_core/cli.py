@@ -196,6 +196,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         k_values=tuple(args.k),
         dtype=args.dtype,
         trust_remote_code=args.trust_remote_code,
+        engine=args.engine,
     )
     model = args.model
     if is_model_uri(model):
@@ -444,6 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--limit", type=int, help="only the first N rows")
     evaluate.add_argument("--k", type=int, nargs="+", default=[1], help="k values for pass@k and maj@k (n > 1)")
     evaluate.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    evaluate.add_argument(
+        "--engine", choices=["hf", "static"], default="hf", help="static: dense Llama/Qwen2/Qwen3, several times faster"
+    )
     evaluate.add_argument("--trust-remote-code", action="store_true")
     evaluate.add_argument(
         "--tracking-uri",

@@ -91,6 +91,19 @@ def test_the_family_updates_are_the_same_at_every_layout(layouts, case):
             assert got[key] == pytest.approx(ref[key], abs=1e-5), (name, key)
 
 
+def test_an_on_policy_update_is_the_update_after_a_separate_log_prob_pass(layouts):
+    """With one epoch of one mini-batch the update's own forward gives the old log-probs: the same update (fp32,
+    1e-5) and log-probs as a separate pass before it, at every plain layout; the ratio is exactly 1 (no clipping)."""
+    for name in ("tp1_pp1_dp1", *FAMILY_LAYOUTS):
+        on_policy = layouts[name]["family"]["on_policy"]
+        separate, fused = on_policy["separate"], on_policy["fused"]
+        assert separate["actor/grad_norm"] > 0
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl"):
+            assert fused[key] == pytest.approx(separate[key], abs=1e-5), (name, key)
+        assert fused["actor/pg_clipfrac"] == 0
+        assert on_policy["log_prob_diff"] < 1e-5, name
+
+
 def test_family_cases_are_the_workers():
     from tests.dist.actor_worker import FAMILY_CASES
 

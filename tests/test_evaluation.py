@@ -266,3 +266,16 @@ def test_cli_evaluate_bad_input(gsm8k_test, tiny_model_dir, tmp_path, capsys):
 
     assert main(["evaluate", "--model", str(tiny_model_dir), "--data", str(gsm8k_test), "--n", "2", "--k", "4"]) == 2
     assert "every --k must be between 1 and --n=2" in capsys.readouterr().err
+
+
+def test_cli_evaluate_static_engine_answers_as_hf_does(gsm8k_test, tiny_model_dir, tmp_path):
+    """Greedy fp32: the static-cache engine writes the same answers, token for token, as transformers' generate."""
+    from grpo_core.cli import main
+
+    answers = {}
+    for engine in ("hf", "static"):
+        out = tmp_path / engine
+        argv = ["evaluate", "--model", str(tiny_model_dir), "--data", str(gsm8k_test), "--output", str(out)]
+        assert main([*argv, "--limit", "4", "--max-new-tokens", "12", "--engine", engine]) == 0
+        answers[engine] = [json.loads(line)["response"] for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(answers["hf"]) == 4 and answers["static"] == answers["hf"]

@@ -393,3 +393,19 @@ def test_groups_with_signal_by_hand():
     # group 0: scores 1, 0, 0 differ; group 1: 0, 0 do not; group 2 has one response: no peer to differ from
     assert groups_with_signal([1.0, 0.0, 0.0, 0.0, 0.0, 1.0], [0, 0, 0, 1, 1, 2]) == pytest.approx(1 / 3)
     assert groups_with_signal([0.5] * 4, [0, 0, 1, 1]) == 0.0
+
+
+def test_format_rate_counts_answers_scored_at_least_the_format_score():
+    import torch
+
+    from grpo_core.data.batch import RolloutBatch
+    from grpo_core.rollout.base import Generation
+    from grpo_core.trainer.metrics import rollout_metrics
+
+    gen = Generation([[1]], [[2], [3, 4], [5], [6]], [[0.0], [0.0, 0.0], [0.0], [0.0]], ["stop"] * 4, [0, 0, 0, 0])
+    ones = torch.ones(4, 3)
+    batch = RolloutBatch(ones.long(), ones.long(), ones[:, :2])
+    scores = [0.0, 0.1, 1.0, 0.0]  # no format, format only, right, no format
+    m = rollout_metrics(gen, scores, batch, full_score=1.0, format_score=0.1)
+    assert m["reward/format_rate"] == 0.5 and m["reward/accuracy"] == 0.25
+    assert "reward/format_rate" not in rollout_metrics(gen, scores, batch, full_score=1.0)  # no format reward

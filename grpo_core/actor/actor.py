@@ -6,7 +6,7 @@ rank works on its own slice and results are gathered back, so callers never see 
 """
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -336,11 +336,14 @@ class MegatronActor:
 
             return self._forward(model, mb), collect
 
-        outputs = self._run(micro, step, forward_only=True)
+        return self._assemble_log_probs(self._run(micro, step, forward_only=True), local)
+
+    def _assemble_log_probs(self, outputs: list[dict], local: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The micro-batches' (log-probs, entropy), in row order, [B, R] each on every rank (on the host)."""
         shape = (local.batch_size, local.response_length)
         log_probs = torch.zeros(shape, device=device())
         entropy = torch.zeros(shape, device=device())
-        if outputs:
+        if outputs:  # the last pipeline stage
             log_probs = torch.cat([o["log_probs"] for o in outputs]).float()
             entropy = torch.cat([o["entropy"] for o in outputs]).float()
         log_probs, entropy = self._from_last_stage(log_probs), self._from_last_stage(entropy)
@@ -356,11 +359,27 @@ class MegatronActor:
         history: list[dict[str, float]] = []
         for _ in range(s.ppo_epochs):
             for mini in batch.split(s.mini_batch_rows):
-                history.append(self._optimizer_step(mini))
+                history.append(self._optimizer_step(self.forward_backward(mini)))
         return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
 
-    def _optimizer_step(self, mini: RolloutBatch) -> dict[str, float]:
-        outputs = self.forward_backward(mini)
+    def update_on_policy(self, batch: RolloutBatch) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
+        """One optimizer step on the whole batch whose forward also gives the old log-probs and entropy, [B, R]
+        each: with one epoch and one mini-batch the policy that sampled is the one being updated, so a separate
+        log-prob pass would compute the same numbers (verl's on-policy actor path; NeMo-RL's
+        ``force_on_policy_ratio``). The ratio in the loss is then exactly 1 at the start of the step."""
+        assert self.trainable, "the reference model is frozen"
+        if self.s.ppo_epochs != 1 or batch.batch_size > self.s.mini_batch_rows:
+            raise ValueError("update_on_policy needs ppo_epochs = 1 and the batch in one mini-batch")
+        self.reload_from_host()
+        for chunk in self.model:
+            chunk.train()
+        on_policy = replace(batch, old_log_probs=None)
+        outputs = self.forward_backward(on_policy)
+        log_probs, entropy = self._assemble_log_probs(outputs, self._dp_slice(on_policy))
+        return self._optimizer_step(outputs), log_probs, entropy
+
+    def _optimizer_step(self, outputs: list[dict]) -> dict[str, float]:
+        """The step on the gradients ``forward_backward`` left (``outputs``: its loss dicts)."""
         _, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(increment=1)
         metrics = self._reduce_metrics(outputs)
@@ -371,9 +390,12 @@ class MegatronActor:
         return metrics
 
     def forward_backward(self, mini: RolloutBatch) -> list[dict]:
-        """The GRPO loss's gradients for one mini-batch, reduced over DP, in the grad buffers (no step)."""
+        """The GRPO loss's gradients for one mini-batch, reduced over DP, in the grad buffers (no step). Without
+        ``old_log_probs`` the policy being updated is the old one: its detached log-probs stand in, and each loss
+        dict also carries them (``log_probs``, ``entropy``)."""
         local = self._dp_slice(mini).to(device())
         micro = self._micro_batches(local, self.s.micro_batch_rows, self.s.micro_batch_tokens)
+        on_policy = mini.old_log_probs is None
         entropy_grad = self.s.loss.entropy_coeff != 0
         scale = 1.0 / max(self._global_denominator(micro), 1)
 
@@ -386,7 +408,7 @@ class MegatronActor:
                 total, denom, metrics = grpo_loss(
                     lp,
                     ent,
-                    rows.old_log_probs,
+                    lp.detach() if on_policy else rows.old_log_probs,
                     rows.advantages,
                     rows.response_mask,
                     rows.ref_log_probs,
@@ -394,6 +416,8 @@ class MegatronActor:
                     rows.rollout_log_probs,
                 )
                 metrics["denominator"] = torch.tensor(float(denom))
+                if on_policy:
+                    metrics |= {"log_probs": lp.detach(), "entropy": ent.detach()}
                 return total * scale, torch.tensor(denom, dtype=torch.int, device=total.device), metrics
 
             return self._forward(model, mb), loss_fn

@@ -355,6 +355,15 @@ class EvaluationConfig:
     metric: str = setting(
         "accuracy_strict", "reported as val/accuracy and used for the uplift", ("accuracy_strict", "accuracy_flexible")
     )
+    engine: str = setting(
+        "hf",
+        "hf: transformers' generate (any causal LM); static: the static-cache engine (dense Llama/Qwen2/Qwen3, "
+        "several times faster)",
+        ("hf", "static"),
+    )
+    dtype: str | None = setting(
+        None, "weights and compute (null: float32 on a CPU, bfloat16 on a GPU)", (None, "float32", "bfloat16")
+    )
 
 
 @dataclass

@@ -27,13 +27,25 @@ class EvalSettings:
     k_values: tuple[int, ...] = (1,)
     dtype: str = "float32"
     trust_remote_code: bool = False
+    engine: str = "hf"  # or "static" (dense Llama/Qwen2/Qwen3)
+    max_prompt_length: int = 1024  # the static engine's cache holds this + max_new_tokens per sequence
 
     @classmethod
     def from_config(cls, cfg) -> "EvalSettings":
         e = cfg.evaluation
-        dtype = "float32" if cfg.trainer.device == "cpu" else "bfloat16"
+        dtype = e.dtype or ("float32" if cfg.trainer.device == "cpu" else "bfloat16")
         trust = cfg.actor_rollout_ref.model.trust_remote_code
-        return cls(e.n, e.temperature, e.max_new_tokens, e.batch_size, e.limit, dtype=dtype, trust_remote_code=trust)
+        return cls(
+            e.n,
+            e.temperature,
+            e.max_new_tokens,
+            e.batch_size,
+            e.limit,
+            dtype=dtype,
+            trust_remote_code=trust,
+            engine=e.engine,
+            max_prompt_length=cfg.data.max_prompt_length,
+        )
 
 
 def is_checkpoint(path: str | Path) -> bool:
@@ -62,6 +74,28 @@ def exported_model(checkpoint: str | Path) -> Path:
     return out
 
 
+def build_engine(model: str, tokenizer, settings: EvalSettings, device: str):
+    """``settings.engine``'s engine on the model's weights; ModelLoadError when the static engine cannot run it."""
+    from grpo_core.rollout.hf import HFEngine, ModelLoadError, load_generation_config, stop_ids
+
+    if settings.engine == "hf":
+        return HFEngine(model, tokenizer, settings.dtype, device, settings.batch_size, settings.trust_remote_code)
+    from grpo_core.models.shape import load_model_shape
+    from grpo_core.rollout.static import StaticEngine, unsupported
+
+    shape = load_model_shape(model)
+    if problem := unsupported(shape, key="evaluation.engine", instead="hf"):
+        raise ModelLoadError(problem)
+    return StaticEngine(
+        shape,
+        stop_ids(tokenizer, load_generation_config(model, settings.trust_remote_code)),
+        dtype=settings.dtype,
+        device=device,
+        max_batch_size=settings.batch_size,
+        max_model_len=settings.max_prompt_length + settings.max_new_tokens,
+    ).load(model)
+
+
 def evaluate_model(
     model: str,
     data_file: str,
@@ -79,7 +113,7 @@ def evaluate_model(
     from grpo_core.data.prompts import check_data_file, load_rows
     from grpo_core.models.shape import read_hf_config
     from grpo_core.preflight import check_tokenizer_fits, check_weights
-    from grpo_core.rollout.hf import HFEngine, ModelLoadError, load_tokenizer
+    from grpo_core.rollout.hf import ModelLoadError, load_tokenizer
 
     check_data_file(data_file)  # before a checkpoint's export, which takes a while
     if is_checkpoint(model):
@@ -94,7 +128,7 @@ def evaluate_model(
         check_tokenizer_fits(tokenizer, vocab, model, model)
     if not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError(f"the tokenizer of {model} has no chat template; evaluate needs a chat model")
-    engine = HFEngine(model, tokenizer, settings.dtype, device, settings.batch_size, settings.trust_remote_code)
+    engine = build_engine(model, tokenizer, settings, device)
     result = evaluate(
         engine,
         tokenizer,

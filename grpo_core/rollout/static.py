@@ -87,13 +87,15 @@ _cached_attention_compiled = torch.compile(cached_attention)
 _mlp_block_compiled = torch.compile(mlp_block)  # sizes that change (rows, tokens) turn symbolic after one recompile
 
 
-def unsupported(shape: ModelShape) -> str | None:
-    """Why the static engine cannot run ``shape`` (None: it can)."""
+def unsupported(
+    shape: ModelShape, key: str = "actor_rollout_ref.rollout.name", instead: str = "vllm or hf"
+) -> str | None:
+    """Why the static engine cannot run ``shape`` (None: it can), said for the config ``key`` that chose it."""
     if shape.is_moe or shape.rope_scaling_factor is not None or shape.model_type not in ("llama", "qwen2", "qwen3"):
         extra = " (MoE)" if shape.is_moe else " (RoPE scaling)" if shape.rope_scaling_factor else ""
         return (
-            f"rollout.name=static runs dense Llama/Qwen2/Qwen3 without RoPE scaling, not this {shape.model_type}"
-            f"{extra}: use actor_rollout_ref.rollout.name=vllm or hf"
+            f"{key}=static runs dense Llama/Qwen2/Qwen3 without RoPE scaling, not this {shape.model_type}"
+            f"{extra}: use {key}={instead}"
         )
     return None
 
@@ -292,7 +294,8 @@ class StaticEngine:
             v_cache[:rows].index_copy_(2, st["slot"], v)
             keys, values = k_cache[:rows, :, :length], v_cache[:rows, :, :length]  # [b, kv, L, d]
             q = q.view(rows, s.num_kv_heads, group, s.head_dim)
-            attended = attend(q, keys, values, valid).view(rows, s.num_attention_heads, 1, s.head_dim)
+            # reshape: a recompiled (dynamic-shape) kernel may return other strides than the first one did
+            attended = attend(q, keys, values, valid).reshape(rows, s.num_attention_heads, 1, s.head_dim)
             x = self._finish_layer(i, x, attended)
         self._sample(self._logits(x[:, 0]), st, mode)
         st["tokens"].index_copy_(1, st["step"], st["token"][:, None])

@@ -167,8 +167,10 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                 warned_short = True
             batch = to_rollout_batch(rollouts.gen, tokenizer.pad_token_id)
 
-            with timed(timings, "old_log_prob", diag):
-                batch.old_log_probs, entropy = actor.compute_log_prob(batch, **log_prob_batching(arr.rollout))
+            on_policy = _update_is_on_policy(cfg)
+            if not on_policy:
+                with timed(timings, "old_log_prob", diag):
+                    batch.old_log_probs, entropy = actor.compute_log_prob(batch, **log_prob_batching(arr.rollout))
             if ref is not None:
                 with timed(timings, "ref", diag):
                     batch.ref_log_probs, _ = ref.compute_log_prob(batch, **log_prob_batching(arr.ref))
@@ -189,7 +191,10 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             )
 
             with timed(timings, "update", diag):
-                update_metrics = actor.update(batch)
+                if on_policy:  # the update's own forward is the old-log-prob pass
+                    update_metrics, batch.old_log_probs, entropy = actor.update_on_policy(batch)
+                else:
+                    update_metrics = actor.update(batch)
             with timed(timings, "sync", diag):
                 if engine is not None and arr.rollout.free_cache_engine:
                     engine.wake()
@@ -200,7 +205,9 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
 
             rc = cfg.algorithm.rollout_correction
             step_metrics = {
-                **M.rollout_metrics(rollouts.gen, rollouts.scores, batch, cfg.reward_model.score),
+                **M.rollout_metrics(
+                    rollouts.gen, rollouts.scores, batch, cfg.reward_model.score, cfg.reward_model.format_score
+                ),
                 **shaping_metrics,
                 "batch/groups_with_signal": signal,
                 **sampling_metrics(drawn, cfg),
@@ -392,6 +399,14 @@ def log_prob_batching(section) -> dict:
     budget with ``log_prob_use_dynamic_bsz``."""
     tokens = section.log_prob_max_token_len_per_gpu if section.log_prob_use_dynamic_bsz else None
     return {"micro_batch_rows": section.log_prob_micro_batch_size_per_gpu, "micro_batch_tokens": tokens}
+
+
+def _update_is_on_policy(cfg: GRPOConfig) -> bool:
+    """One optimizer step per batch, and nothing needs the old log-probs before it (a KL penalty in the reward):
+    then the actor that sampled is the one being updated, and no separate old-log-prob pass is run."""
+    actor = cfg.actor_rollout_ref.actor
+    one_step = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size >= cfg.data.train_batch_size
+    return one_step and not cfg.algorithm.use_kl_in_reward
 
 
 def _needs_ref(cfg: GRPOConfig) -> bool:

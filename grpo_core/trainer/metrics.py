@@ -26,7 +26,11 @@ def groups_with_signal(scores: list[float], group_index: list[int]) -> float:
     return _mean([len(values) > 1 for values in groups.values()])
 
 
-def rollout_metrics(gen: Generation, scores: list[float], batch: RolloutBatch, full_score: float) -> dict[str, float]:
+def rollout_metrics(
+    gen: Generation, scores: list[float], batch: RolloutBatch, full_score: float, format_score: float = 0.0
+) -> dict[str, float]:
+    """``reward/format_rate`` (with a reward for the format alone): the share of answers in the expected format,
+    right or wrong, i.e. scored at least ``format_score``."""
     lengths = [len(r) for r in gen.response_ids]
     t = torch.tensor(scores, dtype=torch.float64)
     prompt_lengths = (batch.attention_mask.sum(-1) - batch.response_mask.sum(-1)).float()
@@ -40,7 +44,7 @@ def rollout_metrics(gen: Generation, scores: list[float], batch: RolloutBatch, f
         "response/length_max": float(max(lengths)),
         "response/clip_ratio": _mean([r == "length" for r in gen.finish_reasons]),
         "prompt/length_mean": prompt_lengths.mean().item(),
-    }
+    } | ({"reward/format_rate": _mean([s >= format_score for s in scores])} if format_score > 0 else {})
 
 
 def log_prob_metrics(batch: RolloutBatch, entropy: torch.Tensor) -> dict[str, float]:

@@ -127,15 +127,27 @@ def sweep(hf_dir: str, shape, world: int) -> dict:
 
 
 def family_updates(policy: MegatronActor, settings: ActorSettings, params, start, batch: RolloutBatch) -> dict:
-    """One update per family case from the initial weights (put back after each); its metrics."""
-    out = {}
-    for case in FAMILY_CASES:
+    """One update per family case from the initial weights (put back after each); its metrics. Then the on-policy
+    step twice from them: after a separate old-log-prob pass, and with its own forward as that pass."""
+
+    def restart():
         with torch.no_grad():
             for p, w in zip(params, start, strict=True):
                 p.copy_(w)
+
+    out = {}
+    for case in FAMILY_CASES:
+        restart()
         loss, case_batch = family_case(case, batch)
         policy.s = dataclasses.replace(settings, loss=loss)
         out[case] = policy.update(case_batch)
+    policy.s = settings
+    restart()
+    separate = dataclasses.replace(batch, old_log_probs=policy.compute_log_prob(batch)[0])
+    out["on_policy"] = {"separate": policy.update(separate)}
+    restart()
+    metrics, log_probs, _ = policy.update_on_policy(batch)
+    out["on_policy"] |= {"fused": metrics, "log_prob_diff": (log_probs - separate.old_log_probs).abs().max().item()}
     return out
 
 
