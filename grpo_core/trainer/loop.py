@@ -148,6 +148,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             top_k=arr.rollout.top_k,
             max_new_tokens=d.max_response_length,
         )
+        on_policy = _update_is_on_policy(cfg)
         step_metrics: dict[str, float] = {}
         warned_no_signal = warned_short = False
         for step in tracker.progress(range(start_step, total_steps), total=total_steps, start=start_step):
@@ -167,7 +168,6 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                 warned_short = True
             batch = to_rollout_batch(rollouts.gen, tokenizer.pad_token_id)
 
-            on_policy = _update_is_on_policy(cfg)
             if not on_policy:
                 with timed(timings, "old_log_prob", diag):
                     batch.old_log_probs, entropy = actor.compute_log_prob(batch, **log_prob_batching(arr.rollout))
