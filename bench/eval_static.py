@@ -1,4 +1,4 @@
-"""GSM8K evaluation (`grpo evaluate`'s grading and files) with the static CUDA-graph engine in place of HF generate.
+"""GSM8K evaluation as `grpo evaluate --engine static --dtype bfloat16` does it, all questions in one engine batch.
 
     python3 bench/eval_static.py MODEL_DIR TEST_PARQUET OUT_DIR [--max-new-tokens 512] [--rows-per-batch 1319]
 
@@ -12,13 +12,7 @@ import json
 import sys
 import time
 
-import torch
-
-from grpo_core.data.prompts import load_rows
-from grpo_core.evaluation.gsm8k import evaluate, write_results
-from grpo_core.models.shape import load_model_shape
-from grpo_core.rollout.hf import load_generation_config, load_tokenizer, stop_ids
-from grpo_core.rollout.static import StaticEngine
+from grpo_core.evaluation.run import EvalSettings, evaluate_model
 
 
 def main() -> int:
@@ -30,29 +24,17 @@ def main() -> int:
     parser.add_argument("--rows-per-batch", type=int, default=1319)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--limit", type=int, help="only the first N questions")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     start = time.perf_counter()
-    tokenizer = load_tokenizer(args.model)
-    engine = StaticEngine(
-        load_model_shape(args.model),
-        stop_ids(tokenizer, load_generation_config(args.model)),
-        dtype="bfloat16",
-        device=args.device,
-        max_batch_size=args.rows_per_batch,
-        max_model_len=args.max_model_len,
-    ).load(args.model)
-    rows = load_rows(args.data, args.limit)
-    result = evaluate(
-        engine,
-        tokenizer,
-        rows,
+    settings = EvalSettings(  # `grpo evaluate --engine static --dtype bfloat16`, every question in one batch
         max_new_tokens=args.max_new_tokens,
         batch_size=args.rows_per_batch,
-        progress=False,
+        limit=args.limit,
+        dtype="bfloat16",
+        engine="static",
+        max_prompt_length=args.max_model_len - args.max_new_tokens,
     )
-    result.device = args.device
-    write_results(result, args.out)
+    result = evaluate_model(args.model, args.data, args.out, settings)
     summary = {
         **result.metrics,
         "generate_s": result.elapsed_s,
