@@ -9,6 +9,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -80,12 +81,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _launch(cfg, args: argparse.Namespace) -> int:
     """Start the ranks as ``cfg.launch`` says (torchrun on this node, or a Slurm job) and show their output."""
     from grpo_core.launch import LaunchError, run_training
+    from grpo_core.trainer.checkpoint import CheckpointManager
 
     try:
         log_dir = run_training(cfg, args.config, args.overrides, echo=True)
     except LaunchError as e:
-        err_console.print(f"error: {e.report()}", markup=False, highlight=False, soft_wrap=True)
-        return 1
+        stopped_cleanly = e.kind in ("stopped", "timeout") and e.exit_code == 0  # the ranks saved their last step
+        message = str(e) if stopped_cleanly else e.report()
+        err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+        if stopped_cleanly and (saved := CheckpointManager.for_run(cfg.trainer).latest()) is not None:
+            err_console.print(f"the newest checkpoint is {saved}: the same command resumes from it", soft_wrap=True)
+        return 128 + signal.Signals[e.state] if e.kind == "stopped" else 1
     err_console.print(f"training finished; launch logs in {log_dir}", markup=False, highlight=False, soft_wrap=True)
     return 0
 

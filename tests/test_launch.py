@@ -5,6 +5,7 @@ trainer (a tiny model, 2 steps) on two simulated nodes, completing and with one 
 
 import json
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -165,6 +166,32 @@ def test_heartbeat_keeps_a_silent_job_alive_and_detached_children_are_killed(tmp
 def test_an_agent_that_fails_before_any_rank_names_its_last_line(tmp_path):
     with pytest.raises(LaunchError, match="torchrun exited with code 3 before any rank failed: rendezvous broke"):
         run_node(["bash", "-c", "echo rendezvous broke; exit 3"], NodeLogs(tmp_path, node_rank=1))
+
+
+RANK_THAT_SAVES = (  # a "rank" (a child of the agent): on SIGTERM it says so and exits 0, as the trainer does
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: (print('rank saved its step', flush=True), sys.exit(0)))\n"
+    "time.sleep(60)"
+)
+
+
+def test_the_timeout_asks_the_ranks_to_stop_and_they_save_their_step(tmp_path):
+    """At ``timeout_s`` the ranks (not the agent) get SIGTERM and ``stop_grace_s`` to finish; the job ends with
+    a timeout that says they stopped cleanly (exit code 0), not that they were killed."""
+    agent = f"python3 -c {shlex.quote(RANK_THAT_SAVES)}; exit $?"
+    with pytest.raises(LaunchError, match="the ranks saved their last step and stopped") as info:
+        run_node(["bash", "-c", agent], NodeLogs(tmp_path), timeout_s=1, stop_grace_s=30, poll_s=0.2)
+    assert info.value.kind == "timeout" and info.value.exit_code == 0
+    assert "rank saved its step" in (tmp_path / "node0.log").read_text()
+
+
+def test_ranks_that_ignore_the_stop_request_are_killed_after_the_grace(tmp_path):
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    agent = f"python3 -c {shlex.quote(stubborn)}; exit $?"
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match="killed the job") as info:
+        run_node(["bash", "-c", agent], NodeLogs(tmp_path), timeout_s=1, stop_grace_s=1, grace_s=1, poll_s=0.2)
+    assert info.value.exit_code is None and time.monotonic() - start < 30
 
 
 # --- real runs ------------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@ Each test runs the real command (torchrun, gloo) on a tiny random Llama with the
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -192,6 +194,35 @@ def test_dapo_run_killed_after_a_checkpoint_resumes_exactly(tmp_path, capitals):
     expected = {k: v for k, v in rows[2].items() if not k.startswith(UNTIMED)}
     assert {k: v for k, v in step3.items() if not k.startswith(UNTIMED)} == expected  # exactly
     assert "reward/overlong_penalty_mean" in expected and expected["batch/groups_kept"] > 0
+
+
+def test_sigterm_stops_both_ranks_after_a_saved_step_and_the_same_command_resumes(tmp_path, capitals):
+    """SIGTERM to `grpo train` (what `timeout`, Kubernetes or a Prefect cancellation send): both ranks finish
+    the step in flight and save it although periodic saves are off; the command exits 143 with one line; run
+    again, it goes on after that step."""
+    model = tiny_model_dir(tmp_path / "model")
+    run = tmp_path / "run"
+    common = [*base_overrides(model, capitals, 40), "trainer.n_gpus_per_node=2", "trainer.save_freq=-1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "grpo_core.cli", "train", f"trainer.default_local_dir={run}", *common]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    deadline = time.monotonic() + 600
+    while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-4000:]
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-4000:]
+    steps = [m["step"] for m in metrics(run)]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) < 40, steps
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{steps[-1]:06d}"
+    assert f"SIGTERM: stopped after step {steps[-1]} of 40, its checkpoint saved" in stderr
+    [error] = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert "SIGTERM received; the ranks saved their last step and stopped" in error, stderr[-4000:]
+    again = grpo_train(run, *common, f"trainer.total_training_steps={steps[-1] + 1}")
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "resumed from" in again.stderr
+    assert [m["step"] for m in metrics(run)] == [*steps, steps[-1] + 1]
 
 
 def check_diagnostics(run: Path, stderr: str) -> None:

@@ -339,7 +339,10 @@ class LaunchConfig:
     rdzv_endpoint: str | None = setting(None, "HOST:PORT of the c10d rendezvous on node 0 (torchrun, nnodes > 1)")
     rdzv_id: str = setting("grpo", "rendezvous id shared by the nodes of one job (torchrun)")
     stuck_timeout_s: float | None = setting(1800.0, "fail the job when no rank logs anything for this long")
-    timeout_s: float | None = setting(None, "fail the job after this long (null: no limit)")
+    timeout_s: float | None = setting(None, "stop the job after this long, as SIGTERM does (null: no limit)")
+    stop_grace_s: float = setting(
+        300.0, "after SIGTERM, Ctrl-C or timeout_s: how long the ranks get to finish their step and save it"
+    )
     slurm_time_limit_min: int = setting(240, "Slurm job time limit, minutes")
     slurm_options: list[str] = setting([], "extra sbatch options, e.g. ['--partition=gpu', '--account=rl']")
 

@@ -621,6 +621,8 @@ def _check_launch(cfg: GRPOConfig, r: Report) -> None:
         value = getattr(launch, key)
         if value is not None and value <= 0:
             r.errors.append(f"launch.{key}={value} must be > 0 (or null: no limit)")
+    if launch.stop_grace_s < 0:
+        r.errors.append(f"launch.stop_grace_s={launch.stop_grace_s} must be >= 0")
 
 
 def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:

@@ -77,6 +77,7 @@ def run_training(
             extra_env=extra_env,
             timeout_s=launch_cfg.timeout_s if launch_cfg.timeout_s is not None else float("inf"),
             stuck_s=stuck_s,
+            stop_grace_s=launch_cfg.stop_grace_s,
         )
     return log_dir
 

@@ -6,11 +6,14 @@ output) to ``node{R}.log``, and raises ``LaunchError`` naming the first failed r
 ``launch`` joins the two for a config.
 
 Never a hang: an overall timeout and a "stuck" guard (no new output in the node log and no touch of the
-heartbeat file for ``stuck_s`` seconds) stop the job. Everything the job started is killed at the end,
-whether it succeeded or not: the agent's process group, and every process that carries this launch's
-``GRPO_LAUNCH_ID`` in its environment. The latter matters because torchrun starts each rank in a session
-of its own and megatron's checkpoint writer leaves a multiprocessing manager behind, so a kill of the
-agent's group alone would miss them.
+heartbeat file for ``stuck_s`` seconds) stop the job. The timeout, and SIGTERM or Ctrl-C to this process, first
+ask the ranks to stop: they get SIGTERM (the agent does not: it would give them only 30 s), finish the step in
+flight, save it and exit; after ``stop_grace_s`` they are killed (a second Ctrl-C kills at once).
+
+Everything the job started is killed at the end, whether it succeeded or not: the agent's process group, and
+every process that carries this launch's ``GRPO_LAUNCH_ID`` in its environment. The latter matters because
+torchrun starts each rank in a session of its own and megatron's checkpoint writer leaves a multiprocessing
+manager behind, so a kill of the agent's group alone would miss them.
 
 Simplification: the stuck guard watches output, not progress; a trainer that is silent for longer than
 ``stuck_s`` (a long checkpoint save, say) should touch ``$GRPO_HEARTBEAT_FILE``.
@@ -23,9 +26,10 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,6 +144,7 @@ def launch(
     extra_env: Mapping[str, str] | None = None,
     timeout_s: float = 7 * 24 * 3600,
     stuck_s: float | None = 1800,
+    stop_grace_s: float = 300.0,
     rdzv_timeout_s: int = 600,
 ) -> NodeRun:
     """Run ``command`` on every rank of this node, shaped by ``cfg.trainer`` (``nnodes``, ``n_gpus_per_node``,
@@ -157,7 +162,8 @@ def launch(
         rdzv_timeout_s=rdzv_timeout_s,
         log_dir=logs.rank_dir,
     )
-    return run_node(argv, logs, env={**shape.env, **(extra_env or {})}, timeout_s=timeout_s, stuck_s=stuck_s)
+    env = {**shape.env, **(extra_env or {})}
+    return run_node(argv, logs, env=env, timeout_s=timeout_s, stuck_s=stuck_s, stop_grace_s=stop_grace_s)
 
 
 def run_node(
@@ -167,6 +173,7 @@ def run_node(
     env: Mapping[str, str] | None = None,
     timeout_s: float = 7 * 24 * 3600,
     stuck_s: float | None = 1800,
+    stop_grace_s: float = 300.0,
     grace_s: float = 10.0,
     poll_s: float = 0.5,
 ) -> NodeRun:
@@ -191,18 +198,29 @@ def run_node(
             argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
         )
         try:
-            returncode, guard = _wait(proc, logs, start, timeout_s, stuck_s, poll_s)
-            if guard is not None:
+            with _stop_requests() as asked:
+                returncode, guard = _wait(proc, logs, start, timeout_s, stuck_s, poll_s, asked)
+                if guard is not None and guard[0] != "stuck":  # live ranks can still save their step
+                    returncode = _stop_ranks(proc, stop_grace_s)
+            if guard is not None and returncode is None:
                 _terminate(proc, grace_s)
         finally:
             kill_launch(proc, launch_id)
     seconds = time.monotonic() - start
     if guard is not None:
         kind, why = guard
+        if returncode == 0:
+            ended = f"the ranks saved their last step and stopped after {seconds:.0f} s"
+        elif returncode is None:
+            ended = f"killed the job after {seconds:.0f} s"
+        else:
+            ended = f"the ranks exited with code {returncode} after {seconds:.0f} s"
         raise LaunchError(
-            f"node {logs.node_rank}: {kind}: {why}; killed the job after {seconds:.0f} s (log: {logs.node_log})",
+            f"node {logs.node_rank}: {kind}: {why}; {ended} (log: {logs.node_log})",
             kind=kind,
             node_rank=logs.node_rank,
+            state=signal.Signals(asked[0]).name if asked else None,
+            exit_code=returncode,
             log_path=logs.node_log,
             log_tail=tail(logs.node_log),
         )
@@ -212,15 +230,24 @@ def run_node(
 
 
 def _wait(
-    proc: subprocess.Popen, logs: NodeLogs, start: float, timeout_s: float, stuck_s: float | None, poll_s: float
+    proc: subprocess.Popen,
+    logs: NodeLogs,
+    start: float,
+    timeout_s: float,
+    stuck_s: float | None,
+    poll_s: float,
+    asked: list[int],
 ) -> tuple[int | None, tuple[str, str] | None]:
-    """(return code, None) when torchrun exits, or (None, (guard, why)) when the timeout or stuck guard fires."""
+    """(return code, None) when torchrun exits, or (None, (guard, why)) when a stop is ``asked`` or the timeout or
+    stuck guard fires."""
     last_seen, last_change = _activity(logs), start
     while True:
         try:
             return proc.wait(timeout=poll_s), None
         except subprocess.TimeoutExpired:
             pass
+        if asked:
+            return None, ("stopped", f"{signal.Signals(asked[0]).name} received")
         now = time.monotonic()
         if now - start > timeout_s:
             return None, ("timeout", f"still running after the {timeout_s:g} s limit")
@@ -240,6 +267,58 @@ def _activity(logs: NodeLogs) -> tuple[int, int]:
         except OSError:
             sizes.append(-1)
     return sizes[0], sizes[1]
+
+
+@contextlib.contextmanager
+def _stop_requests() -> Iterator[list[int]]:
+    """SIGTERM or SIGINT to this process append their number to the list (a stop request); a second one
+    raises KeyboardInterrupt, so ``run_node`` kills the job at once. Only the main thread can take signals."""
+    asked: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield asked
+        return
+
+    def ask(signum: int, frame) -> None:
+        if asked:
+            raise KeyboardInterrupt
+        asked.append(signum)
+        print(
+            f"{signal.Signals(signum).name}: the ranks finish their step, save it and stop (Ctrl-C again: kill now)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    previous = {sig: signal.signal(sig, ask) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield asked
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_ranks(proc: subprocess.Popen, grace_s: float) -> int | None:
+    """SIGTERM each rank (a child of the agent) and wait up to ``grace_s`` for torchrun to exit: its return
+    code, or None if it did not."""
+    for pid in _children(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    try:
+        return proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc/PID/stat: "pid (comm) state ppid ...")."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if fields and int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
 
 
 def _terminate(proc: subprocess.Popen, grace_s: float) -> None:

@@ -40,6 +40,7 @@ from grpo_core.rollout.hf import load_tokenizer
 from grpo_core.tracking import Tracker
 from grpo_core.trainer import metrics as M
 from grpo_core.trainer.checkpoint import CheckpointManager
+from grpo_core.trainer.stop import StopRequest
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ NO_SIGNAL = (
     "answer scores 0), a reward for the format alone (reward_model.format_score), more responses per prompt "
     "(rollout.n) or a higher temperature, or prompts the model can already solve sometimes"
 )
+STOPPED = "%s: stopped after step %d of %d, its checkpoint saved"
 SHORT_STEP = (
     "step %d: %d of data.train_batch_size=%d prompt groups had a signal after algorithm.filter_groups."
     "max_num_gen_batches=%d batches; the step trains on those (with none, on the last batch, which changes "
@@ -115,7 +117,9 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
     on_rank = rank % rollout_tp == 0 or _engine_is_the_actor(cfg)
     engine = build_engine(cfg, shape, str(model_dir), tokenizer, actor) if on_rank else None
 
+    stop = StopRequest()  # SIGTERM during set-up kills (nothing to save yet); from here on it stops after a step
     try:
+        stop.install()
         checkpoints = CheckpointManager.for_run(cfg.trainer)
         start_step = position = 0  # position: prompt batches drawn so far (dynamic sampling draws several a step)
         # rank 0 verifies (reads every file once) and picks; the others take its choice
@@ -219,15 +223,21 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                 **diag.end_step(step + 1),
             }
             last = step + 1 == total_steps
+            stopping = stop.agreed()  # every rank stops after the same step
             if val_prompts and cfg.trainer.test_freq > 0 and ((step + 1) % cfg.trainer.test_freq == 0 or last):
                 step_metrics |= validate(cfg, engine, val_prompts, tokenizer, scorer)
             tracker.log(step_metrics, step=step + 1)
-            if checkpoints.should_save(step + 1, last):
+            if checkpoints.should_save(step + 1, last or stopping is not None):
                 checkpoints.save(step + 1, actor, {**trainer_state, "data_position": position})
+            if stopping is not None and not last:
+                if rank == 0:
+                    logger.warning(STOPPED, stopping, step + 1, total_steps)
+                break
         tracker.close()
         diag.close()
         return step_metrics
     finally:
+        stop.restore()
         if engine is not None and hasattr(engine, "close"):
             engine.close()  # vLLM's engine processes do not end with this one
 
