@@ -78,6 +78,39 @@ def test_greedy_matches_transformers_generate(kind, tmp_path):
         )
 
 
+def test_attended_length_grows_with_the_written_slots(tmp_path, monkeypatch):
+    """With 4-slot buckets a chunk's decode steps cross several lengths; greedy tokens and log-probs are
+    those of one length over the whole cache (the default bucket: 128 = max_model_len) and the model's."""
+    from grpo_core.rollout import static
+
+    model, shape = tiny("qwen2", tmp_path)
+    settings = SamplingSettings(n=2, temperature=0.0, max_new_tokens=20)
+    whole = engine_for(model, shape, stop_ids=[511], max_batch_size=4).generate(PROMPTS, settings)
+
+    attended = []  # (slot written, length attended) of each decode step
+    decode = static.StaticEngine._decode
+
+    def recording(self, st, mode, length):
+        attended.append((int(st["slot"]), length))
+        decode(self, st, mode, length)
+
+    monkeypatch.setattr(static, "LENGTH_BUCKET", 4)
+    monkeypatch.setattr(static.StaticEngine, "_decode", recording)
+    gen = engine_for(model, shape, stop_ids=[511], max_batch_size=4).generate(PROMPTS, settings)
+
+    # chunks: prompts 0 and 1 (left-padded to 5), then prompt 2 (9); 19 decode steps each
+    slots = [*range(5, 24), *range(9, 28)]
+    assert attended == [(slot, (slot // 4 + 1) * 4) for slot in slots]  # slot + 1 rounded up to 4
+    assert [length for _, length in attended[:19]] == [8] * 3 + [12] * 4 + [16] * 4 + [20] * 4 + [24] * 4
+    assert gen.response_ids == whole.response_ids
+    assert all(len(response) == 20 for response in gen.response_ids)  # no stop token: every step compared
+    for row, response in enumerate(gen.response_ids):
+        log_probs = torch.tensor(gen.response_log_probs[row])
+        torch.testing.assert_close(log_probs, torch.tensor(whole.response_log_probs[row]), atol=1e-5, rtol=0)
+        expected = teacher_forced(model, PROMPTS[gen.group_index[row]], response)
+        torch.testing.assert_close(log_probs, expected, atol=1e-4, rtol=0)
+
+
 def test_sampling_log_probs_seed_and_groups(tmp_path):
     model, shape = tiny("qwen2", tmp_path)
     engine = engine_for(model, shape, max_batch_size=8)

@@ -3,16 +3,18 @@
 Why it exists: ``transformers.generate`` spends ~90 ms per decode step in Python and kernel launches
 whatever the batch (../shared/notes/gpu-baseline.md), vLLM is not installable everywhere, and
 megatron-core's dynamic engine needs flash-attn. A decode step here is a fixed sequence of kernels over
-preallocated buffers, so on a GPU it is captured once as a CUDA graph and replayed: one launch per
-token for the whole batch.
+preallocated buffers, so on a GPU it is captured as a CUDA graph and replayed: one launch per token
+for the whole batch.
 
 How a ``generate`` call runs, per chunk of at most ``max_batch_size`` rows (whole prompts each):
 1. prefill each distinct prompt once (left-padded, SDPA with a causal + padding mask) and copy its
    keys/values to the cache rows of its ``n`` samples;
 2. sample the first token from the prompt's last logits;
-3. replay the decode step: write the token's K/V at the next cache slot, attend over the cache
-   (grouped-query heads as they are), sample the next token, advance; every 32 steps stop early if
-   every row has met a stop token.
+3. replay the decode step: write the token's K/V at the next cache slot, attend over the cache up to
+   the smallest multiple of ``LENGTH_BUCKET`` that covers the slots written so far (grouped-query
+   heads as they are; one graph per such length, so early steps don't read the cache not yet
+   written), sample the next token, advance; every 32 steps stop early if every row has met a stop
+   token.
 
 It runs the dense Llama / Qwen2 / Qwen3 decoders the actor trains, from HF-named weights stored fused
 (QKV and gate/up each one matrix). ``update_weights`` copies into those buffers in place, so captured
@@ -20,7 +22,8 @@ graphs stay valid. On a CPU (tests) the same step runs eagerly.
 """
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -126,7 +129,8 @@ class StaticEngine:
         freqs = torch.outer(torch.arange(max_model_len, dtype=torch.float32), inv_freq)
         self._angles = torch.cat((freqs, freqs), dim=-1).to(self.device)  # [max_model_len, head_dim], fp32
         self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._decoders: dict[tuple, tuple[dict, object]] = {}  # (rows, new tokens, mode, length) -> (buffers, step)
+        # (rows, new tokens, mode) -> (buffers, {attended length: step over those buffers})
+        self._decoders: dict[tuple, tuple[dict, dict[int, Callable[[], None]]]] = {}
         self._pool = None
 
     # ---- weights ----------------------------------------------------------------------------------
@@ -312,15 +316,30 @@ class StaticEngine:
 
     # ---- generate ---------------------------------------------------------------------------------
 
-    def _decoder(self, rows: int, limit: int, mode: tuple, length: int) -> tuple[dict, object]:
-        """The decode step's static buffers and the step itself: on GPUs a CUDA graph captured over those
-        buffers (replayed by every chunk of the same shape), elsewhere the eager step."""
-        key = (rows, limit, mode, length)
-        if key in self._decoders:
-            return self._decoders[key]
-        self._kv_cache()  # allocated on this stream, before the warm-up below runs on a side stream
+    def _length(self, slot: int) -> int:
+        """The cache length a decode step writing ``slot`` attends over: the written slots rounded up to
+        ``LENGTH_BUCKET``, so a chunk needs few graphs and no step reads much of the cache not yet written."""
+        return min(self.max_model_len, -(-(slot + 1) // LENGTH_BUCKET) * LENGTH_BUCKET)
+
+    def _decoder(
+        self, rows: int, limit: int, mode: tuple, lengths: Iterable[int]
+    ) -> tuple[dict, dict[int, Callable[[], None]]]:
+        """The decode step's static buffers and a step over them per attended length in ``lengths``: on GPUs
+        CUDA graphs captured over those buffers (replayed by every chunk of the same shape), elsewhere the
+        eager step."""
+        key = (rows, limit, mode)
+        if key not in self._decoders:
+            self._decoders[key] = (self._buffers(rows, limit), {})
+        st, steps = self._decoders[key]
+        for length in lengths:
+            if length not in steps:
+                steps[length] = self._capture(partial(self._decode, st, mode, length), st)
+        return st, steps
+
+    def _buffers(self, rows: int, limit: int) -> dict[str, torch.Tensor]:
+        """The decode step's inputs, outputs and counters, at fixed addresses (the graphs read and write them)."""
         kw = dict(device=self.device)
-        st = {
+        return {
             "token": torch.zeros(rows, dtype=torch.long, **kw),
             "log_prob": torch.zeros(rows, **kw),
             "position": torch.zeros(rows, dtype=torch.long, **kw),
@@ -331,20 +350,27 @@ class StaticEngine:
             "tokens": torch.zeros(rows, limit, dtype=torch.long, **kw),
             "log_probs": torch.zeros(rows, limit, **kw),
         }
-        step = lambda: self._decode(st, mode, length)  # noqa: E731
-        if self.cuda_graphs:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up outside the graph (cuBLAS workspaces, lazy inits)
-                step()
-            torch.cuda.current_stream().wait_stream(side)
-            self._pool = self._pool or torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                step()
-            step = graph.replay  # the buffers' contents are set by _generate_chunk before every use
-        self._decoders[key] = (st, step)
-        return st, step
+
+    def _capture(self, step: Callable[[], None], st: dict) -> Callable[[], None]:
+        """``step`` as a CUDA graph in the shared pool (on CPUs, ``step`` itself). The warm-up before the
+        capture is a real step: it advances ``st`` and writes a cache slot. So ``_decoder`` captures every
+        length a chunk needs before ``_generate_chunk`` sets the buffers (simpler than saving and restoring
+        them), and the counters restart at 0 here, so a warm-up stays inside ``st`` whatever ran before."""
+        if not self.cuda_graphs:
+            return step
+        for counter in ("position", "slot", "step"):
+            st[counter].zero_()
+        self._kv_cache()  # allocated on this stream, before the warm-up below runs on a side stream
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the graph (cuBLAS workspaces, lazy inits, compiling)
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        self._pool = self._pool or torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            step()
+        return graph.replay  # the buffers' contents are set by _generate_chunk before every use
 
     @torch.no_grad()
     def _generate_chunk(self, prompts: list[list[int]], settings: SamplingSettings):
@@ -359,9 +385,9 @@ class StaticEngine:
             ids[i, width - len(prompt) :] = torch.tensor(prompt)
             mask[i, width - len(prompt) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        length = min(self.max_model_len, -(-(width + limit) // LENGTH_BUCKET) * LENGTH_BUCKET)
         mode = (settings.is_greedy, settings.top_k, settings.top_p)
-        st, step = self._decoder(rows, limit, mode, length)
+        # the decode step producing response token p (p = 1 .. limit - 1) writes cache slot width + p - 1
+        st, steps = self._decoder(rows, limit, mode, {self._length(slot) for slot in range(width, width + limit - 1)})
         st["temperature"].fill_(1.0 if settings.is_greedy else settings.temperature)
 
         last_logits = self._prefill(ids, mask, n).repeat_interleave(n, dim=0)
@@ -377,7 +403,7 @@ class StaticEngine:
         while produced < limit:
             if produced % EARLY_STOP_EVERY == 0 and bool(torch.isin(st["tokens"][:, :produced], stop).any(-1).all()):
                 break
-            step()
+            steps[self._length(width + produced - 1)]()
             produced += 1
         return self._collect(st["tokens"][:, :produced].cpu(), st["log_probs"][:, :produced].cpu())
 
