@@ -5,7 +5,7 @@
 # every response runs to 256 tokens). DATA_DIR: `grpo prepare` output. Runs Qwen2.5-1.5B at TP=1 on one
 # GPU (micro-batches of 16 rows, then of 8,192 tokens; RUNS="rows budget" picks) and, with "7b", Qwen2.5-7B at
 # TP=2 on two. Metrics under OUT/<run>/metrics.jsonl; a table last.
-# Models and checkpoints (tens of GB) go to WORK (default /tmp/bench-work), not OUT.
+# EXTRA: overrides added to every run. Models and checkpoints (tens of GB) go to WORK (default /tmp/bench-work).
 set -uo pipefail
 tok=$1 data=$2 out=$3 big=${4:-} work=${WORK:-/tmp/bench-work}
 mkdir -p "$out" "$work"
@@ -17,7 +17,7 @@ run() {  # name, model, overrides...
     actor_rollout_ref.actor.ppo_mini_batch_size=32 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.rollout.name=static actor_rollout_ref.rollout.max_num_seqs=512 \
     trainer.default_local_dir="$work/$name" trainer.resume_mode=disable trainer.total_training_steps=3 \
-    trainer.save_freq=-1 trainer.logger=[console] "$@" > "$out/$name.log" 2>&1 || echo "$name failed: $(tail -3 "$out/$name.log")"
+    trainer.save_freq=-1 trainer.logger=[console] "$@" ${EXTRA:-} > "$out/$name.log" 2>&1 || echo "$name failed: $(tail -3 "$out/$name.log")"
   mkdir -p "$out/$name" && cp "$work/$name/metrics.jsonl" "$out/$name/" 2>/dev/null
 }
 runs=${RUNS:-rows budget}
