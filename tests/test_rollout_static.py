@@ -80,7 +80,8 @@ def test_greedy_matches_transformers_generate(kind, tmp_path):
 
 def test_attended_length_grows_with_the_written_slots(tmp_path, monkeypatch):
     """With 4-slot buckets a chunk's decode steps cross several lengths; greedy tokens and log-probs are
-    those of one length over the whole cache (the default bucket: 128 = max_model_len) and the model's."""
+    those of one length over the whole cache (the default bucket: 128 = max_model_len) and the model's.
+    Without ``grow_length`` every step of a chunk attends over the chunk's whole length, same tokens."""
     from grpo_core.rollout import static
 
     model, shape = tiny("qwen2", tmp_path)
@@ -109,6 +110,11 @@ def test_attended_length_grows_with_the_written_slots(tmp_path, monkeypatch):
         torch.testing.assert_close(log_probs, torch.tensor(whole.response_log_probs[row]), atol=1e-5, rtol=0)
         expected = teacher_forced(model, PROMPTS[gen.group_index[row]], response)
         torch.testing.assert_close(log_probs, expected, atol=1e-4, rtol=0)
+
+    attended.clear()
+    fixed = engine_for(model, shape, stop_ids=[511], max_batch_size=4, grow_length=False).generate(PROMPTS, settings)
+    assert attended == [(slot, 24) for slot in range(5, 24)] + [(slot, 28) for slot in range(9, 28)]
+    assert fixed.response_ids == whole.response_ids
 
 
 def test_sampling_log_probs_seed_and_groups(tmp_path):

@@ -67,6 +67,7 @@ def build_engine(cfg, shape, model_dir: str, tokenizer, actor=None) -> RolloutEn
         from grpo_core.rollout.hf import load_generation_config, stop_ids
         from grpo_core.rollout.static import StaticEngine
 
+        graphs = torch.cuda.is_available() and not r.enforce_eager
         return StaticEngine(  # starts without weights: the trainer pushes the actor's before the first rollout
             shape,
             stop_ids(tokenizer, load_generation_config(model_dir, trust)),
@@ -74,7 +75,8 @@ def build_engine(cfg, shape, model_dir: str, tokenizer, actor=None) -> RolloutEn
             device=f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu",
             max_batch_size=r.max_num_seqs,
             max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-            cuda_graphs=not r.enforce_eager,
+            cuda_graphs=graphs,
+            grow_length=not (graphs and r.free_cache_engine),  # graphs recaptured after every sleep: one, not several
         )
     raise ValueError(f"rollout engine {r.name!r} is not available; use vllm, hf, megatron or static")
 
