@@ -197,7 +197,7 @@ def test_dapo_run_killed_after_a_checkpoint_resumes_exactly(tmp_path, capitals):
 
 
 def test_sigterm_stops_both_ranks_after_a_saved_step_and_the_same_command_resumes(tmp_path, capitals):
-    """SIGTERM to `grpo train` (what `timeout`, Kubernetes or a Prefect cancellation send): both ranks finish
+    """SIGTERM to `grpo train` (what `timeout` and Kubernetes send): both ranks finish
     the step in flight and save it although periodic saves are off; the command exits 143 with one line; run
     again, it goes on after that step."""
     model = tiny_model_dir(tmp_path / "model")
