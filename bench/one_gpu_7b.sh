@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # A Qwen2.5-7B-shaped GRPO step on ONE GPU through `grpo train` (random weights, SmolLM2's tokenizer, the same
-# 64 prompts x 8 samples x 256 tokens as bench/grpo_step.sh): megatron's hybrid CPU optimizer for 3/4 of the
-# Adam states (optimizer_offload + offload fraction: all of them would need ~120 GiB of pinned host memory),
-# the reference model in host memory between uses, 3,072-token micro-batches. GPU and host memory are sampled
-# every 5 s. Then how fast a 15 GB checkpoint's bytes can be hashed (what manifest verification costs).
+# 64 prompts x 8 samples x 256 tokens as bench/grpo_step.sh): megatron's hybrid CPU optimizer steps FRACTION
+# (default 0.5) of Adam on the host, asked for through override_optimizer_config with
+# megatron.optimizer_offload off, so the optimizer's GPU side (fp32 masters, the rest of Adam) stays on the GPU
+# and the host holds only the CPU optimizer's 16 B per parameter; the reference model in host memory between
+# uses; TOKENS-token micro-batches (default 2048). GPU and host memory are sampled every 5 s. Then how fast a
+# 15 GB checkpoint's bytes can be hashed (what manifest verification costs).
 #   bash bench/one_gpu_7b.sh TOKENIZER_DIR DATA_DIR OUT   (HASH=0 skips the hashing)
+# On an H200 node with 125 GiB of host memory the steps run and the end-of-run checkpoint save does not fit
+# (megatron's writer stages the GPU's state on the host: the dry run now says so and refuses); HOST_GIB
+# (default 256) tells the dry run otherwise so that the steps can be measured.
 set -uo pipefail
 tok=$1 data=$2 out=$3 work=${WORK:-/tmp/bench-work} model=${WORK:-/tmp/bench-work}/Qwen2.5-7B
 mkdir -p "$out"
@@ -14,13 +19,14 @@ vmstat -S M 5 > "$out/vmstat.txt" &
 timeout "${TRAIN_S:-420}" python3 -m grpo_core.cli train --config configs/smollm2_gsm8k_gpu.yaml \
   actor_rollout_ref.model.path="$model" data.train_files="[$data/train.parquet]" data.val_files="[$data/test.parquet]" \
   data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=32 \
-  actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=3072 \
+  actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu="${TOKENS:-2048}" \
   actor_rollout_ref.rollout.name=static actor_rollout_ref.rollout.max_num_seqs=512 \
-  actor_rollout_ref.actor.megatron.optimizer_offload=true actor_rollout_ref.ref.megatron.param_offload=true \
-  +actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=0.75 \
+  actor_rollout_ref.ref.megatron.param_offload=true \
+  +actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=true \
+  +actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction="${FRACTION:-0.5}" \
   +actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=true \
   trainer.default_local_dir="$work/qwen7b_1gpu" trainer.resume_mode=disable trainer.total_training_steps=3 \
-  trainer.save_freq=-1 trainer.logger=[console] > "$out/qwen7b_1gpu.log" 2>&1
+  trainer.save_freq=-1 trainer.logger=[console] trainer.host_memory_gib="${HOST_GIB:-256}" ${EXTRA:-} > "$out/qwen7b_1gpu.log" 2>&1
 echo "train exit $?"
 kill %1 %2 2>/dev/null
 sync; echo 3 2>/dev/null > /proc/sys/vm/drop_caches && echo "page cache dropped: the first hash reads from disk"

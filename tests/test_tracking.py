@@ -205,3 +205,23 @@ def test_step_axes_have_integer_ticks_and_start_where_the_data_does():
     assert ax.get_xlim() == (1, 3)
     assert all(float(t).is_integer() for t in ax.get_xticks())
     plt.close(fig)
+
+
+@pytest.mark.parametrize(("start_step", "kept"), [(0, []), (2, [1, 2])])
+def test_metrics_file_holds_this_runs_history(tmp_path, start_step, kept):
+    """A run that starts after step s (0: fresh) keeps the file's rows up to s and drops the later ones (an
+    earlier run's, or steps its checkpoint does not hold) and a line a kill left half-written."""
+    from grpo_core.config import load_config
+    from grpo_core.tracking import METRICS_FILE, Tracker
+
+    run = tmp_path / "run"
+    run.mkdir()
+    old = "".join(json.dumps({"step": s, "reward/mean": s / 10}) + "\n" for s in (1, 2, 3))
+    (run / METRICS_FILE).write_text(old + '{"step": 4, "rew')
+    cfg = load_config(None, [f"trainer.default_local_dir={run}", "trainer.logger=[console]"])
+    tracker = Tracker(cfg, start_step=start_step)
+    tracker.log({"reward/mean": 0.5}, step=start_step + 1)
+    tracker.close()
+    rows = [json.loads(line) for line in (run / METRICS_FILE).read_text().splitlines()]
+    assert [r["step"] for r in rows] == [*kept, start_step + 1]
+    assert rows[-1]["reward/mean"] == 0.5

@@ -187,10 +187,16 @@ def test_dapo_run_killed_after_a_checkpoint_resumes_exactly(tmp_path, capitals):
     shutil.copytree(straight / "checkpoints" / "step_000002", checkpoints / "step_000002")
     (checkpoints / "step_000003.partial").mkdir()
     (checkpoints / "latest").write_text("step_000002")
+    # the killed run had logged its step 3 (and a step 4 from some other run): the resumed run's file keeps
+    # steps 1-2 and logs its own step 3
+    shutil.copy(straight / "metrics.jsonl", resumed / "metrics.jsonl")
+    with open(resumed / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 4, "reward/mean": 1.0}) + "\n")
     second = grpo_train(resumed, *common)
     assert second.returncode == 0, second.stderr[-4000:]
     assert "resumed from" in second.stderr
-    [step3] = metrics(resumed)
+    *before, step3 = metrics(resumed)
+    assert before == rows[:2]
     expected = {k: v for k, v in rows[2].items() if not k.startswith(UNTIMED)}
     assert {k: v for k, v in step3.items() if not k.startswith(UNTIMED)} == expected  # exactly
     assert "reward/overlong_penalty_mean" in expected and expected["batch/groups_kept"] > 0

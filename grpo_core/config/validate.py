@@ -115,6 +115,7 @@ def memory_options(cfg: GRPOConfig) -> MemoryOptions:
         param_offload=m.param_offload,
         grad_offload=m.grad_offload,
         optimizer_offload=optimizer_offloaded(cfg),
+        optimizer_stays=not m.optimizer_offload,
         precision_aware_optimizer=bool(
             cfg.actor_rollout_ref.actor.optim.override_optimizer_config.get("use_precision_aware_optimizer")
         ),
@@ -484,7 +485,16 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
         )
     elif est.peak > 0.9 * gpu:
         r.warnings.append(f"estimated peak {est.peak:.1f} GiB is within 10% of the GPU's {gpu:g} GiB")
-    host, node = est.host * cfg.trainer.n_gpus_per_node, cfg.trainer.host_memory_gib or local_host_memory_gib()
+    per_node, node = cfg.trainer.n_gpus_per_node, cfg.trainer.host_memory_gib or local_host_memory_gib()
+    host, at_save = est.host * per_node, est.host_at_save * per_node
+    if node and host <= 0.9 * node < at_save:
+        r.errors.append(
+            f"a checkpoint save would need an estimated {at_save:.0f} GiB of host memory per node, over 90% of the "
+            f"node's {node:.0f} GiB: megatron's torch_dist writer copies the GPU's weights and optimizer state "
+            f"({at_save - host:.0f} GiB) to host memory beside the {host:.0f} GiB of offloaded state, and the kernel "
+            "kills the run; use more GPUs, a node with more host memory, or less offload "
+            "(ref.megatron.param_offload, optimizer_offload_fraction)"
+        )
     if node and host > 0.9 * node:
         r.errors.append(
             f"estimated {host:.0f} GiB of pinned host memory per node for offloaded state exceeds 90% of the node's "

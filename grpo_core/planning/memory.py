@@ -6,9 +6,12 @@ reference, forward only) and the update (forward + backward + optimizer). Offloa
 host memory *between* phases. ``optimizer_offload`` (a fraction: megatron's hybrid optimizer) keeps that
 share of the Adam states in host memory and steps it there; what the optimizer keeps on the GPU (the fp32
 master weights, which megatron's distributed optimizer holds there unless TE's precision-aware optimizer is
-used, and the Adam states not offloaded) goes to host memory between updates. The hybrid optimizer's host
+used, and the Adam states not offloaded) goes to host memory between updates, unless ``optimizer_stays``
+(the hybrid optimizer asked for through override_optimizer_config, ``megatron.optimizer_offload`` off:
+then that side stays on the GPU and the host holds only the hybrid optimizer's share). The hybrid optimizer's host
 side is 16 bytes per offloaded parameter (fp32 copy, fp32 gradient, two Adam moments), all pinned: on an
-H200 node with 125 GiB of host memory a 7B at fraction 0.75 was killed by the kernel's OOM killer.
+H200 node with 125 GiB of host memory a 7B at fraction 0.75 was killed by the kernel's OOM killer, and at
+0.5 it trained (3,800 tokens/s) and was killed in its checkpoint save, which stages the GPU's state on the host.
 The peak is the largest phase.
 
 Activation sizes are per token and layer, in bytes of 16-bit activations: ``2 * (8h + 4kv + 5f)``
@@ -39,6 +42,7 @@ class MemoryOptions:
     param_offload: bool = False
     grad_offload: bool = False
     optimizer_offload: float = 0.0  # share of the Adam states in host memory (True: all)
+    optimizer_stays: bool = False  # the optimizer's GPU side stays there between updates
     precision_aware_optimizer: bool = False  # TE's: with CPU offload, the fp32 masters live on the host too
     sequence_parallel: bool = True
     recompute: bool = False
@@ -61,6 +65,9 @@ class MemoryEstimate:
     phases: dict[str, float] = field(default_factory=dict)
     offloaded: list[str] = field(default_factory=list)
     host: float = 0.0  # GiB of host memory per GPU: offloaded state and the hybrid optimizer's host side
+    # ... while a checkpoint is saved: megatron's torch_dist writer first copies every GPU tensor it saves
+    # (weights, fp32 masters, the Adam states on the GPU) to host memory, beside the CPU optimizer's share
+    host_at_save: float = 0.0
 
     @property
     def peak(self) -> float:
@@ -192,27 +199,26 @@ def estimate_grpo_memory(
     )
     rollout = r_weights + kv if static_sequences is not None else gpu_gib * rollout_utilization
 
+    moved = bool(opts.optimizer_offload) and not opts.optimizer_stays  # its GPU side waits in host memory
     offloaded = [
         name
-        for name, on in [
-            ("parameters", opts.param_offload),
-            ("gradients", opts.grad_offload),
-            ("optimizer", opts.optimizer_offload),
-        ]
+        for name, on in [("parameters", opts.param_offload), ("gradients", opts.grad_offload), ("optimizer", moved)]
         if on
     ]
     if with_reference and ref_offload:
         offloaded.append("reference")
-    between = 0 if opts.optimizer_offload else optimizer  # the optimizer's GPU side waits in host memory
+    between = 0 if moved else optimizer
     resident = (0 if opts.param_offload else weights) + (0 if opts.grad_offload else grads) + between
     ref_resident = 0 if ref_offload else reference
     hybrid = float(opts.optimizer_offload) * HYBRID_HOST_BYTES * weights / DTYPE_BYTES[opts.dtype]
+    hybrid /= layout.dp if opts.use_distributed_optimizer else 1
+    ref_host = reference if with_reference and ref_offload else 0
     host = (
         (weights if opts.param_offload else 0)
         + (grads if opts.grad_offload else 0)
-        + (optimizer if opts.optimizer_offload else 0)
-        + (reference if with_reference and ref_offload else 0)
-        + hybrid / (layout.dp if opts.use_distributed_optimizer else 1)
+        + (optimizer if moved else 0)
+        + ref_host
+        + hybrid
     )
     # asleep, vLLM frees everything; the static engine keeps its weights and frees the cache
     asleep = (r_weights if static_sequences is not None else 0) if free_cache_engine else rollout
@@ -242,6 +248,7 @@ def estimate_grpo_memory(
         phases=phases,
         offloaded=offloaded,
         host=host,
+        host_at_save=hybrid + ref_host + weights + optimizer,
     )
 
 

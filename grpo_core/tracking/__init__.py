@@ -30,8 +30,30 @@ HEADLINE = (
 )
 
 
+def _keep_rows_up_to(path: Path, step: int) -> None:
+    """Rewrites the file (atomically) without the rows after ``step`` and any line a kill left half-written."""
+    if not path.is_file():
+        return
+
+    def kept_row(line: str) -> bool:
+        try:
+            return json.loads(line)["step"] <= step
+        except (ValueError, KeyError, TypeError):
+            return False
+
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if line.endswith("\n") and kept_row(line)]
+    if len(kept) < len(lines):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+
+
 class Tracker:
-    def __init__(self, cfg, enabled: bool = True):
+    def __init__(self, cfg, enabled: bool = True, start_step: int = 0):
+        """``start_step``: the step the run resumes after (0: a fresh run). metrics.jsonl keeps the rows up to it
+        and drops the rest, steps that a resumed checkpoint no longer holds or an earlier run in the same
+        directory wrote, so the file is this run's history."""
         self.enabled = enabled
         self.sinks = set(cfg.trainer.logger)
         self.console = Console(stderr=True)
@@ -43,6 +65,7 @@ class Tracker:
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        _keep_rows_up_to(self.run_dir / METRICS_FILE, start_step)
         self._file = open(self.run_dir / METRICS_FILE, "a")  # noqa: SIM115  (closed in close())
         uri, pending = tracking_uri(cfg), self.run_dir / "mlflow_pending.jsonl"
         if run_id := os.environ.get(RUN_ID_VAR):  # the pipeline's run

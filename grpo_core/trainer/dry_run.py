@@ -114,9 +114,11 @@ def _memory_table(run: ResolvedRun) -> Table:
         (
             "optimizer on the GPU (fp32 master + Adam)",
             m.optimizer,
-            f"{optimizer_offloaded(cfg):.0%} of Adam stepped on the CPU; in host memory between updates"
-            if "optimizer" in off
-            else sharding,
+            "; ".join(
+                [sharding]
+                + ([f"{optimizer_offloaded(cfg):.0%} of Adam stepped on the CPU"] if optimizer_offloaded(cfg) else [])
+                + (["in host memory between updates"] if "optimizer" in off else [])
+            ),
         ),
         (
             f"activations ({update_micro_batch(cfg)} x {seq} tokens)",
@@ -135,4 +137,6 @@ def _memory_table(run: ResolvedRun) -> Table:
     if m.host:
         node = m.host * cfg.trainer.n_gpus_per_node
         table.add_row("host memory per node", f"{node:.1f}", "offloaded state, pinned", style="bold")
+        save = m.host_at_save * cfg.trainer.n_gpus_per_node
+        table.add_row("host memory per node, saving", f"{save:.1f}", "+ the GPU's state, staged by the writer")
     return table

@@ -137,7 +137,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             "tokenizer_path": str(tokenizer_dir),
         }
 
-        tracker = Tracker(cfg, enabled=rank == 0)
+        tracker = Tracker(cfg, enabled=rank == 0, start_step=start_step)
         diag = RunDiagnostics(cfg, shape, rank, tracker)  # GPU use, profiles, advice on errors
         tracker.log_params(to_flat_dict(cfg))
         if dropped:
