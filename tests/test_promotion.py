@@ -31,6 +31,7 @@ def test_a_gain_that_may_be_noise_stays_challenger():
     p = decide(paired_uplift(base, trained), "the base model", min_uplift=0.0, alpha=0.05)
     assert p.alias == CHALLENGER
     assert "p not below 0.05 (the difference may be noise)" in p.reason and "not above" not in p.reason
+    assert p.reason.endswith("registered as challenger, there is no champion yet")
     assert "uplift +0.2500 [-0.0093, +0.4623]" in p.reason and "p = 0.125" in p.reason
 
 

@@ -23,7 +23,7 @@ from grpo_core.evaluation.stats import format_uplift, mean_difference, paired_up
 from grpo_core.tracking import METRICS_FILE
 from grpo_core.tracking.mlflow_run import KEY_TAG, MlflowRun, quick_http, tracking_uri
 from grpo_core.tracking.plots import Curves, eval_points, plot_curves, plot_run
-from grpo_core.tracking.promotion import CHALLENGER, Promotion, decide
+from grpo_core.tracking.promotion import BASE_MODEL, CHALLENGER, Promotion, decide
 from grpo_core.tracking.sync import PENDING_FILE
 
 logger = logging.getLogger(__name__)
@@ -259,7 +259,7 @@ def promotion_of(cfg: GRPOConfig, eval_dirs: dict[str, Path], champion_version: 
     if champion_version is not None:
         against, opponent = f"champion version {champion_version}", eval_dirs["champion"]
     else:
-        against, opponent = "the base model", eval_dirs["base"]
+        against, opponent = BASE_MODEL, eval_dirs["base"]
     comparison = compare_evaluations(opponent, eval_dirs["trained"], cfg.evaluation.metric)
     t = cfg.tracking
     return decide(comparison, against, t.champion_min_uplift, t.champion_alpha)

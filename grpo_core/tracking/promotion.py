@@ -9,6 +9,7 @@ registry's champion is always the best model shown so far. ``decide`` is a pure 
 from dataclasses import dataclass
 
 CHAMPION, CHALLENGER = "champion", "challenger"
+BASE_MODEL = "the base model"  # what a model is compared with while the registry has no champion
 TAG_PREFIX = "grpo."
 
 
@@ -70,5 +71,6 @@ def decide(comparison: dict, against: str, min_uplift: float, alpha: float) -> P
             misses.append(f"not above the minimum {min_uplift:+.4f}")
         if not significant:
             misses.append(f"p not below {alpha:g} (the difference may be noise)")
-        why = f"{' and '.join(misses)}: registered as challenger, the champion stays"
+        stays = "there is no champion yet" if against == BASE_MODEL else "the champion stays"
+        why = f"{' and '.join(misses)}: registered as challenger, {stays}"
     return Promotion(alias, against, d, low, high, p, n, f"{measured}; {why}")
