@@ -279,3 +279,15 @@ def test_cli_evaluate_static_engine_answers_as_hf_does(gsm8k_test, tiny_model_di
         assert main([*argv, "--limit", "4", "--max-new-tokens", "12", "--engine", engine]) == 0
         answers[engine] = [json.loads(line)["response"] for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(answers["hf"]) == 4 and answers["static"] == answers["hf"]
+
+
+def test_static_engine_sizes_its_cache_for_the_longest_prompt(gsm8k_test, tiny_model_dir, tmp_path):
+    """A prompt longer than max_prompt_length is still answered (as the HF engine answers it), not an error."""
+    from grpo_core.evaluation.run import EvalSettings, evaluate_model
+
+    answers = {}
+    for engine in ("hf", "static"):
+        settings = EvalSettings(max_new_tokens=8, limit=2, engine=engine, max_prompt_length=4)
+        result = evaluate_model(str(tiny_model_dir), str(gsm8k_test), tmp_path / engine, settings)
+        answers[engine] = [r["response"] for r in result.records]
+    assert len(answers["hf"]) == 2 and answers["static"] == answers["hf"]

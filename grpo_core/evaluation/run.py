@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from grpo_core.evaluation.gsm8k import EvalResult, evaluate, write_results
@@ -110,7 +110,7 @@ def evaluate_model(
     import torch
 
     from grpo_core.data.gsm8k import DataError
-    from grpo_core.data.prompts import check_data_file, load_rows
+    from grpo_core.data.prompts import chat_prompt_ids, check_data_file, load_rows
     from grpo_core.models.shape import read_hf_config
     from grpo_core.preflight import check_tokenizer_fits, check_weights
     from grpo_core.rollout.hf import ModelLoadError, load_tokenizer
@@ -128,6 +128,9 @@ def evaluate_model(
         check_tokenizer_fits(tokenizer, vocab, model, model)
     if not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError(f"the tokenizer of {model} has no chat template; evaluate needs a chat model")
+    if settings.engine == "static":  # its cache must hold the longest prompt: no question is left out
+        longest = max(len(chat_prompt_ids(tokenizer, row["prompt"])) for row in rows)
+        settings = replace(settings, max_prompt_length=max(settings.max_prompt_length, longest))
     engine = build_engine(model, tokenizer, settings, device)
     result = evaluate(
         engine,
