@@ -225,3 +225,16 @@ def test_metrics_file_holds_this_runs_history(tmp_path, start_step, kept):
     rows = [json.loads(line) for line in (run / METRICS_FILE).read_text().splitlines()]
     assert [r["step"] for r in rows] == [*kept, start_step + 1]
     assert rows[-1]["reward/mean"] == 0.5
+
+
+def test_training_rows_merge_the_rows_of_a_step(tmp_path):
+    """A resumed run validates at its first step, a row beside that step's saved metrics: both survive."""
+    from grpo_core.tracking import METRICS_FILE
+    from grpo_core.tracking.pipeline_run import training_rows
+
+    rows = [{"step": 2, "reward/mean": 0.5}, {"step": 2, "val/accuracy": 0.25}, {"step": 1, "reward/mean": 0.1}]
+    (tmp_path / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert training_rows(tmp_path) == [
+        {"step": 1, "reward/mean": 0.1},
+        {"step": 2, "reward/mean": 0.5, "val/accuracy": 0.25},
+    ]

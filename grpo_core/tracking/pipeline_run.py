@@ -143,7 +143,8 @@ def run_url(run: MlflowRun) -> str:
 
 
 def training_rows(run_dir: str | Path) -> list[dict]:
-    """The trainer's metrics.jsonl, one row per step (a step logged twice across a resume: the last one)."""
+    """The trainer's metrics.jsonl, one row per step: rows of the same step merge (a resumed run's validation at
+    its first step beside the saved step's own metrics), later values winning."""
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
@@ -151,7 +152,7 @@ def training_rows(run_dir: str | Path) -> list[dict]:
     for line in path.read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            by_step[row["step"]] = row
+            by_step.setdefault(row["step"], {}).update(row)
     return [by_step[s] for s in sorted(by_step)]
 
 
