@@ -79,6 +79,14 @@ def test_step_lines_and_following_a_metrics_file(tmp_path):
         f.flush()
     assert seen == [{"step": 2}]
     assert new_rows(path, 0)[0] == [{"step": 1}, {"step": 2}]
+    # the trainer of a fresh run replaces the file (without the earlier rows), then appends: all its rows show
+    seen.clear()
+    with following(path, seen.append, poll_s=0.01):
+        replaced = tmp_path / "metrics.tmp"
+        replaced.write_text("")
+        os.replace(replaced, path)
+        path.write_text("".join(json.dumps({"step": s, "x": "y" * 20}) + "\n" for s in (1, 2)))
+    assert [r["step"] for r in seen] == [1, 2]
 
 
 @pytest.mark.parametrize(

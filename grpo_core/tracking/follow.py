@@ -41,15 +41,19 @@ def new_rows(path: Path, offset: int) -> tuple[list[dict], int]:
 @contextmanager
 def following(path: str | Path, on_row: Callable[[dict], None], poll_s: float = 1.0) -> Iterator[None]:
     """While the block runs, call ``on_row`` for each row appended to ``path`` (rows already there are not
-    shown); the rows written before the block ends are shown when it ends."""
+    shown); the rows written before the block ends are shown when it ends. A file replaced meanwhile (the
+    trainer rewrites it without an earlier run's later steps) is read from its start."""
     path = Path(path)
-    start = path.stat().st_size if path.is_file() else 0
     stop = threading.Event()
 
-    def run() -> None:
-        offset = start
+    def identity() -> int | None:
+        return path.stat().st_ino if path.is_file() else None
+
+    def run(file: int | None, offset: int) -> None:
         while True:
             stopping = stop.is_set()
+            if (now := identity()) != file:
+                file, offset = now, 0
             rows, offset = new_rows(path, offset)
             for row in rows:
                 on_row(row)
@@ -57,7 +61,8 @@ def following(path: str | Path, on_row: Callable[[dict], None], poll_s: float = 
                 return
             stop.wait(poll_s)
 
-    thread = threading.Thread(target=run, name="metrics-follow", daemon=True)
+    start = (identity(), path.stat().st_size if path.is_file() else 0)
+    thread = threading.Thread(target=run, args=start, name="metrics-follow", daemon=True)
     thread.start()
     try:
         yield
