@@ -185,6 +185,20 @@ def test_the_timeout_asks_the_ranks_to_stop_and_they_save_their_step(tmp_path):
     assert "rank saved its step" in (tmp_path / "node0.log").read_text()
 
 
+def test_the_pipeline_retries_a_failed_launch_but_not_a_stopped_one():
+    """The train task's retry condition: a crashed rank is worth a retry; a run stopped on purpose or out of time
+    (its last step saved) is not, or a cancelled pipeline would start training again 30 s later."""
+    from prefect.states import Failed
+
+    from tasks.retry import transient
+
+    def retried(kind: str) -> bool:
+        return transient(None, None, Failed(data=LaunchError("node 0: ...", kind=kind)))
+
+    assert retried("failed") and retried("stuck")
+    assert not retried("stopped") and not retried("timeout") and not retried("cancelled")
+
+
 def test_ranks_that_ignore_the_stop_request_are_killed_after_the_grace(tmp_path):
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
     agent = f"python3 -c {shlex.quote(stubborn)}; exit $?"

@@ -35,7 +35,7 @@ class LaunchError(RuntimeError):
         log_tail: str = "",
     ):
         super().__init__(" ".join(message.split()))
-        self.kind = kind  # "failed", "timeout", "stuck" or, from Slurm, the lower-case job state
+        self.kind = kind  # "failed", "timeout", "stuck", "stopped" or, from Slurm, the lower-case job state
         self.failure = failure
         self.node_rank = node_rank
         self.state = state
