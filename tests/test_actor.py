@@ -231,6 +231,26 @@ def test_reference_is_frozen_and_offloadable(layouts):
         # same weights, and the update did not touch them
         assert result["ref_change"] < 1e-6 < 1e-4 < result["policy_change"], name
         assert result["ref_offloaded_bytes"] > 0 and result["actor_offloaded_bytes"] > result["ref_offloaded_bytes"]
+        # offloaded a second time (its first host copy reused) and brought back: the same log-probs
+        assert result["ref_offloaded_again"] == result["ref_offloaded_bytes"] and result["ref_again_change"] < 1e-6
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_host_offloader_frees_and_restores_storage(frozen):
+    """Views stay valid across offload/reload; a frozen offloader copies once and reuses that copy (a change made
+    on the device in between is not copied: frozen tensors do not change), the other copies every time."""
+    from grpo_core.actor.offload import HostOffloader
+
+    flat = torch.arange(8, dtype=torch.float32)
+    views = [flat[:4], flat[4:]]
+    host = HostOffloader(frozen=frozen)
+    assert host.offload(views) == 32 and flat.untyped_storage().size() == 0 and host.offloaded
+    assert host.offload(views) == 0  # already offloaded
+    assert host.reload() == 32 and torch.equal(views[1], torch.arange(4.0, 8.0))
+    flat[0] = 100.0
+    assert host.offload(views) == 32 and host.reload() == 32
+    assert views[0][0].item() == (0.0 if frozen else 100.0)
+    assert host.reload() == 0  # nothing offloaded
 
 
 SETTINGS_SNIPPET = """

@@ -152,7 +152,8 @@ class MegatronActor:
         if layout.pp > 1:
             self.config.pipeline_dtype = DTYPES[settings.dtype]
         self.model = self._build_chunks()
-        self._param_host, self._grad_host = offload.HostOffloader(), offload.HostOffloader()
+        self._param_host = offload.HostOffloader(frozen=not trainable)
+        self._grad_host = offload.HostOffloader()
         self._optimizer_host = offload.HostOffloader()
         if hf_path is not None:
             for chunk in self.model:

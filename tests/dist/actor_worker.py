@@ -202,12 +202,16 @@ def main() -> None:
         ref_after, _ = reference.compute_log_prob(
             batch, micro_batch_tokens=tokens
         )  # reloads the offloaded weights by itself
+        offloaded_again = reference.offload_to_host(params=True)  # from the first host copy, kept
+        ref_again, _ = reference.compute_log_prob(batch, micro_batch_tokens=tokens)
         result = {
             "log_probs": log_probs.tolist(),
             "entropy": entropy.tolist(),
             "metrics": metrics,
             "response_mask": batch.response_mask.tolist(),
             "ref_offloaded_bytes": offloaded,
+            "ref_offloaded_again": offloaded_again,
+            "ref_again_change": (ref_again - ref_after).abs().max().item(),
             "actor_offloaded_bytes": grads_offloaded,
             # packed rows are sliced at other memory offsets from call to call, and CPU GEMM kernels round by
             # alignment: frozen means unchanged to 1e-6, two orders below what one update moves
