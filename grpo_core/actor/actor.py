@@ -441,11 +441,11 @@ class MegatronActor:
     def offload_to_host(self, params: bool = False, grads: bool = False, optimizer: bool = False) -> int:
         """Free device memory until the next use (which reloads by itself); returns bytes freed."""
         freed = 0
-        if params and not self._param_host.offloaded:
+        if params:
             freed += self._param_host.offload(offload.parameters(self.model))
-        if grads and self.trainable and not self._grad_host.offloaded:
+        if grads and self.trainable:
             freed += self._grad_host.offload(offload.gradient_buffers(self.model))
-        if optimizer and self.trainable and not self._optimizer_host.offloaded:
+        if optimizer and self.trainable:
             freed += self._optimizer_host.offload(offload.optimizer_tensors(self.optimizer))
         return freed
 
