@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One GPU call: the project's GRPO step (bench/grpo_step.sh: 16-row and 8,192-token micro-batches) and TRL's
-# GRPOTrainer on the same checkpoint and work (bench/trl_peer.py), every step against its computed lower bound
+# One GPU call: the project's GRPO step (bench/grpo_step.sh: 16-row, 8,192-token or larger-budget micro-batches)
+# and TRL's GRPOTrainer on the same checkpoint and work (bench/trl_peer.py), every step against its computed lower bound
 # (bench/step_limit.py, ceilings measured in the same call); then, time allowing, SmolLM2-135M-shaped costs for
 # sizing a long run (bench/eval_static.py on 1,319 questions, a few training steps, a checkpoint and its export).
 #   bash bench/grpo_vs_trl.sh TOKENIZER_DIR GSM8K_SOURCE OUT   (GSM8K_SOURCE: what `grpo prepare --source` takes)
 # Needs trl and datasets beside the project's packages. Stages stop at BUDGET_S seconds (default 560); RUNS picks
-# grpo_step.sh's runs, SIZING=0 skips the SmolLM2 sizing.
+# grpo_step.sh's runs (RUNS=large: the fastest measured), SIZING=0 skips the SmolLM2 sizing.
 set -uo pipefail
 tok=$1 src=$2 out=$3 work=${WORK:-/tmp/bench-work} budget=${BUDGET_S:-560}
 data=$work/gsm8k model=$work/Qwen2.5-1.5B
