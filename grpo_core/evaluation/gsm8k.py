@@ -9,8 +9,6 @@ shards rows over ranks gathers the records and calls ``summarize`` itself.
 
 import json
 import math
-import os
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -21,6 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
+from grpo_core.atomic import write_text_atomic
 from grpo_core.data.prompts import chat_prompt_ids
 from grpo_core.evaluation.stats import wilson_interval
 from grpo_core.rewards.gsm8k import answers_match, extract_solution
@@ -219,25 +218,12 @@ def accuracy_uplift(trained: dict[str, float], base: dict[str, float]) -> dict[s
     return {f"{name}_uplift": trained[name] - base[name] for name in trained if name in base}
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """A reader sees the old file or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_results(result: EvalResult, out_dir: str | Path) -> Path:
     """``samples.jsonl`` (one record a line) and ``metrics.json`` (with each proportion's ``_ci95``) in
     ``out_dir``; returns the directory."""
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out / SAMPLES_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.records))
+    write_text_atomic(out / SAMPLES_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.records))
     metrics = {**result.metrics, **intervals(result.metrics)}
-    _write_atomic(out / METRICS_FILE, json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(out / METRICS_FILE, json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     return out

@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from grpo_core.atomic import write_text_atomic
 from grpo_core.tracking.mlflow_run import RUN_ID_VAR, MlflowRun, tracking_uri
 
 logger = logging.getLogger(__name__)
@@ -44,9 +45,7 @@ def _keep_rows_up_to(path: Path, step: int) -> None:
     lines = path.read_text().splitlines(keepends=True)
     kept = [line for line in lines if line.endswith("\n") and kept_row(line)]
     if len(kept) < len(lines):
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, path)
+        write_text_atomic(path, "".join(kept))
 
 
 class Tracker:

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from grpo_core.atomic import write_text_atomic
 from grpo_core.trainer import manifest
 from grpo_core.trainer.manifest import DamagedFile, Verified
 
@@ -40,15 +41,6 @@ class CheckpointError(Exception):
 
 class CheckpointSaveError(Exception):
     """A save failed for a reason of the environment (a full disk, a lost mount); its partial directory is gone."""
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _rank() -> int:
@@ -220,12 +212,12 @@ class CheckpointManager:
                 "world_size": dist.get_world_size() if dist.is_initialized() else 1,
                 "lr_scheduler": actor.scheduler_state(),
             }
-            _atomic_write_text(partial / STATE_FILE, json.dumps(state, indent=2))
+            write_text_atomic(partial / STATE_FILE, json.dumps(state, indent=2))
             manifest.write_manifest(partial)
             if final.exists():
                 shutil.rmtree(final)
             os.replace(partial, final)
-            _atomic_write_text(self.root / "latest", final.name)
+            write_text_atomic(self.root / "latest", final.name)
             self._purge()
         _barrier()
 

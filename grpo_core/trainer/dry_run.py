@@ -116,7 +116,7 @@ def _memory_table(run: ResolvedRun) -> Table:
             m.optimizer,
             "; ".join(
                 [sharding]
-                + ([f"{optimizer_offloaded(cfg):.0%} of Adam stepped on the CPU"] if optimizer_offloaded(cfg) else [])
+                + ([f"{on_cpu:.0%} of Adam stepped on the CPU"] if (on_cpu := optimizer_offloaded(cfg)) else [])
                 + (["in host memory between updates"] if "optimizer" in off else [])
             ),
         ),
