@@ -32,11 +32,13 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="Qwen/Qwen2.5-1.5B")
     p.add_argument("--rows", type=int, nargs="+", default=[512, 2048])
+    p.add_argument("--top", type=int, default=0, help="also list the eager step's N costliest kernels")
     args = p.parse_args()
     shape = load_model_shape(args.model)
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(64, 193, (max(args.rows) // 8,), generator=g).tolist()
     prompts = [torch.randint(0, shape.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    top: list[str] = []
     print("| rows | CUDA graphs | decode step ms | eager step: GEMM / other kernel ms |")
     print("| --- | --- | --- | --- |")
     for rows in args.rows:
@@ -69,9 +71,15 @@ def main() -> None:
                     else:
                         other += ms
                 kinds = f"{gemm:.1f} / {other:.1f}"
+                ranked = sorted(prof.key_averages(), key=lambda ev: -ev.self_device_time_total)[: args.top]
+                for ev in ranked:
+                    top.append(f"| {rows} | {ev.key[:70]} | {ev.count // 5} | {ev.self_device_time_total / 5e3:.3f} |")
             print(f"| {rows} | {graphs} | {(long - short) / 126 * 1e3:.1f} | {kinds} |")
             del engine
             torch.cuda.empty_cache()
+    if top:
+        print("\n| rows | kernel (eager step) | launches per step | ms per step |\n| --- | --- | --- | --- |")
+        print("\n".join(top))
     temperature = torch.ones((), device="cuda")
     print("\n| rows | sampler | ms per call |\n| --- | --- | --- |")
     for rows in args.rows:

@@ -127,7 +127,10 @@ def rows_for(name: str, records: list[dict], shape, flops_per_s, bytes_per_s, op
         if "timing/step" not in r or "perf/total_tokens" not in r:
             continue
         bounds = phase_bounds(shape, step_work(r), flops_per_s, bytes_per_s, optimizer_steps)
-        # a phase the run skips (no reference; an on-policy step has no separate old-log-prob pass) bounds nothing
+        # the separate old-log-prob pass skips the first mini-batch, whose update's forward gives its log-probs
+        total = r["perf/total_tokens"]
+        bounds["old_log_prob"] *= r.get("perf/old_log_prob_tokens", total) / total
+        # a phase the run skips (no reference; no separate old-log-prob pass) bounds nothing
         bounds = {p: b if f"timing/{p}" in r else 0.0 for p, b in bounds.items()}
         measured = {p: r.get(f"timing/{p}", 0.0) for p in PHASES}
         out.append(

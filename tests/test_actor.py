@@ -104,6 +104,20 @@ def test_an_on_policy_update_is_the_update_after_a_separate_log_prob_pass(layout
         assert on_policy["log_prob_diff"] < 1e-5, name
 
 
+def test_the_first_mini_batch_gives_its_own_old_log_probs(layouts):
+    """Two mini-batches: a pass over the second one's rows only, the first's log-probs from its own forward, is
+    the same update (fp32, 1e-5) as a pass over every row first, at every plain layout; misaligned later rows
+    would show in the ratio's KL."""
+    for name in ("tp1_pp1_dp1", *FAMILY_LAYOUTS):
+        result = layouts[name]["family"]["first_on_policy"]
+        separate, fused = result["separate"], result["fused"]
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl"):
+            assert fused[key] == pytest.approx(separate[key], abs=1e-5), (name, key)
+        assert separate["actor/ppo_kl"] != pytest.approx(0, abs=1e-7), name  # the second mini-batch moved
+        assert result["log_prob_diff"] < 1e-5, name
+        assert result["rows"] == [8, 8], name
+
+
 def test_family_cases_are_the_workers():
     from tests.dist.actor_worker import FAMILY_CASES
 

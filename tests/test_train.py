@@ -72,7 +72,8 @@ DAPO_SAMPLING = [  # dynamic sampling, overlong shaping and clip-higher, as DAPO
 ]
 LEARNERS = {  # issue 16: each estimator / loss mode learns the task with GRPO's settings (lr, steps, batch)
     "grpo": [],
-    "rloo": ["algorithm.adv_estimator=rloo"],
+    # two optimizer steps a batch: the first mini-batch's old log-probs come from its own update's forward
+    "rloo": ["algorithm.adv_estimator=rloo", "actor_rollout_ref.actor.ppo_mini_batch_size=4"],
     "reinforce_plus_plus": ["algorithm.adv_estimator=reinforce_plus_plus"],
     "gspo": [  # the Qwen3 recipe's clip range; each step's one mini-batch is on-policy, so nothing clips
         "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",

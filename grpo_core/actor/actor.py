@@ -352,32 +352,42 @@ class MegatronActor:
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """PPO epochs x mini-batches of the GRPO loss; one optimizer step per mini-batch."""
-        assert self.trainable, "the reference model is frozen"
-        self.reload_from_host()
-        s = self.s
-        for chunk in self.model:
-            chunk.train()
-        history: list[dict[str, float]] = []
-        for _ in range(s.ppo_epochs):
-            for mini in batch.split(s.mini_batch_rows):
-                history.append(self._optimizer_step(self.forward_backward(mini)))
+        self._train_mode()
+        return self._steps(batch, [])
+
+    def update_on_policy(
+        self, batch: RolloutBatch, later: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
+        """``update`` for a batch this policy sampled: until its first optimizer step the policy being updated is
+        the old one, so the first mini-batch's forward gives that mini-batch's old log-probs and a separate pass
+        over its rows would compute the same numbers (verl's on-policy actor path; NeMo-RL's
+        ``force_on_policy_ratio``); its ratio is exactly 1. ``later``: (log-probs, entropy) of the rows after the
+        first mini-batch from ``compute_log_prob`` before this call (None when the batch is one mini-batch).
+        Returns the metrics and every row's old log-probs and entropy, [B, R] each."""
+        first = self.s.mini_batch_rows
+        if (later is None) != (batch.batch_size <= first):
+            raise ValueError(f"later log-probs are for rows after the first mini-batch ({first} of {batch.batch_size})")
+        head = replace(batch.rows(slice(0, first)), old_log_probs=None)
+        self._train_mode()
+        outputs = self.forward_backward(head)
+        log_probs, entropy = self._assemble_log_probs(outputs, self._dp_slice(head))
+        history = [self._optimizer_step(outputs)]
+        if later is not None:
+            log_probs, entropy = torch.cat([log_probs, later[0]]), torch.cat([entropy, later[1]])
+        return self._steps(replace(batch, old_log_probs=log_probs), history), log_probs, entropy
+
+    def _steps(self, batch: RolloutBatch, history: list[dict[str, float]]) -> dict[str, float]:
+        """The mini-batch steps of every epoch after the ``len(history)`` already taken; their mean metrics."""
+        minis = [mini for _ in range(self.s.ppo_epochs) for mini in batch.split(self.s.mini_batch_rows)]
+        for mini in minis[len(history) :]:
+            history.append(self._optimizer_step(self.forward_backward(mini)))
         return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
 
-    def update_on_policy(self, batch: RolloutBatch) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
-        """One optimizer step on the whole batch whose forward also gives the old log-probs and entropy, [B, R]
-        each: with one epoch and one mini-batch the policy that sampled is the one being updated, so a separate
-        log-prob pass would compute the same numbers (verl's on-policy actor path; NeMo-RL's
-        ``force_on_policy_ratio``). The ratio in the loss is then exactly 1 at the start of the step."""
+    def _train_mode(self) -> None:
         assert self.trainable, "the reference model is frozen"
-        if self.s.ppo_epochs != 1 or batch.batch_size > self.s.mini_batch_rows:
-            raise ValueError("update_on_policy needs ppo_epochs = 1 and the batch in one mini-batch")
         self.reload_from_host()
         for chunk in self.model:
             chunk.train()
-        on_policy = replace(batch, old_log_probs=None)
-        outputs = self.forward_backward(on_policy)
-        log_probs, entropy = self._assemble_log_probs(outputs, self._dp_slice(on_policy))
-        return self._optimizer_step(outputs), log_probs, entropy
 
     def _optimizer_step(self, outputs: list[dict]) -> dict[str, float]:
         """The step on the gradients ``forward_backward`` left (``outputs``: its loss dicts)."""

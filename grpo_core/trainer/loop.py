@@ -152,7 +152,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             top_k=arr.rollout.top_k,
             max_new_tokens=d.max_response_length,
         )
-        on_policy = _update_is_on_policy(cfg)
+        on_policy_rows = _on_policy_rows(cfg)
         step_metrics: dict[str, float] = {}
         warned_no_signal = warned_short = False
         for step in tracker.progress(range(start_step, total_steps), total=total_steps, start=start_step):
@@ -172,9 +172,14 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                 warned_short = True
             batch = to_rollout_batch(rollouts.gen, tokenizer.pad_token_id)
 
-            if not on_policy:
+            # rows whose old log-probs the update's first forward gives (see MegatronActor.update_on_policy)
+            reused = min(batch.batch_size, on_policy_rows)
+            later = None
+            if reused < batch.batch_size:
                 with timed(timings, "old_log_prob", diag):
-                    batch.old_log_probs, entropy = actor.compute_log_prob(batch, **log_prob_batching(arr.rollout))
+                    later = actor.compute_log_prob(batch.rows(slice(reused, None)), **log_prob_batching(arr.rollout))
+                if not reused:
+                    batch.old_log_probs, entropy = later
             if ref is not None:
                 with timed(timings, "ref", diag):
                     batch.ref_log_probs, _ = ref.compute_log_prob(batch, **log_prob_batching(arr.ref))
@@ -195,8 +200,8 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             )
 
             with timed(timings, "update", diag):
-                if on_policy:  # the update's own forward is the old-log-prob pass
-                    update_metrics, batch.old_log_probs, entropy = actor.update_on_policy(batch)
+                if reused:
+                    update_metrics, batch.old_log_probs, entropy = actor.update_on_policy(batch, later)
                 else:
                     update_metrics = actor.update(batch)
             with timed(timings, "sync", diag):
@@ -220,6 +225,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                 **update_metrics,
                 **M.timing_metrics(timings),
                 **M.throughput_metrics(batch, timings, shape, dist.get_world_size()),
+                "perf/old_log_prob_tokens": float(batch.attention_mask[reused:].sum()),
                 **diag.end_step(step + 1),
             }
             last = step + 1 == total_steps
@@ -411,12 +417,13 @@ def log_prob_batching(section) -> dict:
     return {"micro_batch_rows": section.log_prob_micro_batch_size_per_gpu, "micro_batch_tokens": tokens}
 
 
-def _update_is_on_policy(cfg: GRPOConfig) -> bool:
-    """One optimizer step per batch, and nothing needs the old log-probs before it (a KL penalty in the reward):
-    then the actor that sampled is the one being updated, and no separate old-log-prob pass is run."""
-    actor = cfg.actor_rollout_ref.actor
-    one_step = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size >= cfg.data.train_batch_size
-    return one_step and not cfg.algorithm.use_kl_in_reward
+def _on_policy_rows(cfg: GRPOConfig) -> int:
+    """Rows of a step whose old log-probs need no separate pass: the first mini-batch's, whose update starts from
+    the policy that sampled them; none when something reads the old log-probs before the update (a KL penalty
+    in the reward)."""
+    if cfg.algorithm.use_kl_in_reward:
+        return 0
+    return cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
 
 
 def _needs_ref(cfg: GRPOConfig) -> bool:

@@ -126,7 +126,9 @@ def sweep(hf_dir: str, shape, world: int) -> dict:
     return out
 
 
-def family_updates(policy: MegatronActor, settings: ActorSettings, params, start, batch: RolloutBatch) -> dict:
+def family_updates(
+    policy: MegatronActor, settings: ActorSettings, hf_dir: str, params, start, batch: RolloutBatch
+) -> dict:
     """One update per family case from the initial weights (put back after each); its metrics. Then the on-policy
     step twice from them: after a separate old-log-prob pass, and with its own forward as that pass."""
 
@@ -148,6 +150,23 @@ def family_updates(policy: MegatronActor, settings: ActorSettings, params, start
     restart()
     metrics, log_probs, _ = policy.update_on_policy(batch)
     out["on_policy"] |= {"fused": metrics, "log_prob_diff": (log_probs - separate.old_log_probs).abs().max().item()}
+    out["first_on_policy"] = first_mini_batch_on_policy(policy.shape, settings, hf_dir, batch)
+    return out
+
+
+def first_mini_batch_on_policy(shape, settings: ActorSettings, hf_dir: str, batch: RolloutBatch) -> dict:
+    """Two mini-batches, each way with a fresh actor (so a fresh optimizer): after an old-log-prob pass over every
+    row, and after a pass over the second mini-batch's rows only, the first's coming from its own forward."""
+    half = batch.batch_size // 2
+    two = dataclasses.replace(settings, mini_batch_rows=half)
+    separate = MegatronActor(shape, two, hf_path=hf_dir)
+    old = separate.compute_log_prob(batch)[0]
+    out = {"separate": separate.update(dataclasses.replace(batch, old_log_probs=old))}
+    fused = MegatronActor(shape, two, hf_path=hf_dir)
+    later = fused.compute_log_prob(batch.rows(slice(half, None)))
+    out["fused"], log_probs, entropy = fused.update_on_policy(batch, later)
+    out["log_prob_diff"] = (log_probs - old).abs().max().item()
+    out["rows"] = [log_probs.shape[0], entropy.shape[0]]
     return out
 
 
@@ -228,7 +247,7 @@ def main() -> None:
             result["log_probs_after"] = policy.compute_log_prob(batch)[0].tolist()
         if args.family and not flags:
             result["family"] = family_updates(
-                policy, settings, params, start, with_old_and_ref(synthetic_batch(shape.vocab_size), log_probs)
+                policy, settings, args.hf_dir, params, start, with_old_and_ref(synthetic_batch(shape.vocab_size), log_probs)
             )
         results[f"tp{tp}_pp{pp}_dp{layout.dp}{'_' + flags if flags else ''}"] = result
     sweep_results = sweep(args.hf_dir, shape, world) if args.sweep_out else None
