@@ -3,7 +3,7 @@
 #   bash bench/grpo_step.sh TOKENIZER_DIR DATA_DIR OUT [7b]
 # TOKENIZER_DIR: any tokenizer whose ids fit the model (SmolLM2's; random weights never stop early, so
 # every response runs to 256 tokens). DATA_DIR: `grpo prepare` output. Runs Qwen2.5-1.5B at TP=1 on one
-# GPU (micro-batches of 16 rows, then of 8,192 tokens, then larger budgets; RUNS="rows budget large" picks) and,
+# GPU (micro-batches of 16 rows, then of 8,192 tokens, then larger budgets; RUNS="rows budget large kept" picks) and,
 # with "7b", Qwen2.5-7B at
 # TP=2 on two. Metrics under OUT/<run>/metrics.jsonl; a table last.
 # EXTRA: overrides added to every run. Models and checkpoints (tens of GB) go to WORK (default /tmp/bench-work).
@@ -26,11 +26,16 @@ runs=${RUNS:-rows budget}
 # micro-batches by a token budget (16 full-length rows' worth) instead of 16 rows; both packed
 [[ $runs == *budget* ]] && run qwen1.5b_tp1_budget Qwen2.5-1.5B actor_rollout_ref.actor.use_dynamic_bsz=true \
   actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192
-# larger budgets: 16,384 tokens per update micro-batch, 32,768 per log-prob forward (the fastest measured)
+# larger budgets: 16,384 tokens per update micro-batch, 32,768 per log-prob forward (the fastest measured);
+# RUNS=kept: the same with the engine's cache and graphs kept between rollouts (free_cache_engine=false)
 [[ $runs == *large* ]] && run qwen1.5b_tp1_large Qwen2.5-1.5B actor_rollout_ref.actor.use_dynamic_bsz=true \
   actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true \
   actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768 actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true \
   actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=32768
+[[ $runs == *kept* ]] && run qwen1.5b_tp1_kept Qwen2.5-1.5B actor_rollout_ref.actor.use_dynamic_bsz=true \
+  actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true \
+  actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768 actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true \
+  actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=32768 actor_rollout_ref.rollout.free_cache_engine=false
 if [ "$big" = 7b ]; then
   run qwen7b_tp2 Qwen2.5-7B trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 actor_rollout_ref.rollout.max_num_seqs=256

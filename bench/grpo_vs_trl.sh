@@ -3,7 +3,8 @@
 # and TRL's GRPOTrainer on the same checkpoint and work (bench/trl_peer.py), every step against its computed lower bound
 # (bench/step_limit.py, ceilings measured in the same call); then, time allowing, SmolLM2-135M-shaped costs for
 # sizing a long run (bench/eval_static.py on 1,319 questions, a few training steps, a checkpoint and its export).
-#   bash bench/grpo_vs_trl.sh TOKENIZER_DIR GSM8K_SOURCE OUT   (GSM8K_SOURCE: what `grpo prepare --source` takes)
+#   bash bench/grpo_vs_trl.sh TOKENIZER_DIR GSM8K_SOURCE OUT   (GSM8K_SOURCE: what `grpo prepare --source` takes,
+#   or its output)
 # Needs trl and datasets beside the project's packages. Stages stop at BUDGET_S seconds (default 560); RUNS picks
 # grpo_step.sh's runs (RUNS=large: the fastest measured), SIZING=0 skips the SmolLM2 sizing.
 set -uo pipefail
@@ -12,7 +13,8 @@ data=$work/gsm8k model=$work/Qwen2.5-1.5B
 mkdir -p "$out" "$work"
 left() { local l=$((budget - SECONDS)); echo $((l > 1 ? l : 1)); }  # timeout refuses 0 and negatives
 stamp() { echo "[$SECONDS s] $*"; }
-python3 -m grpo_core.cli prepare --source "$src" --output "$data" > /dev/null || exit 1
+if [ -f "$src/train.parquet" ]; then data=$src  # already prepared
+else python3 -m grpo_core.cli prepare --source "$src" --output "$data" > /dev/null || exit 1; fi
 
 stamp "project: bench/grpo_step.sh"
 bash bench/grpo_step.sh "$tok" "$data" "$out"

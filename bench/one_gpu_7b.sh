@@ -8,8 +8,9 @@
 # 15 GB checkpoint's bytes can be hashed (what manifest verification costs).
 #   bash bench/one_gpu_7b.sh TOKENIZER_DIR DATA_DIR OUT   (HASH=0 skips the hashing)
 # On an H200 node with 125 GiB of host memory the steps run and the end-of-run checkpoint save does not fit
-# (megatron's writer stages the GPU's state on the host: the dry run now says so and refuses); HOST_GIB
-# (default 256) tells the dry run otherwise so that the steps can be measured.
+# (megatron's writer stages the GPU's state on the host, ~142 GiB with each rank's optimizer shards, the
+# smallest form: the dry run says so and refuses); HOST_GIB (default 256) tells the dry run otherwise so that
+# the steps can be measured.
 set -uo pipefail
 tok=$1 data=$2 out=$3 work=${WORK:-/tmp/bench-work} model=${WORK:-/tmp/bench-work}/Qwen2.5-7B
 mkdir -p "$out"
@@ -26,6 +27,7 @@ timeout "${TRAIN_S:-420}" python3 -m grpo_core.cli train --config configs/smollm
   +actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction="${FRACTION:-0.5}" \
   +actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=true \
   trainer.default_local_dir="$work/qwen7b_1gpu" trainer.resume_mode=disable trainer.total_training_steps=3 \
+  actor_rollout_ref.actor.megatron.dist_ckpt_optim_fully_reshardable=false \
   trainer.save_freq=-1 trainer.logger=[console] trainer.host_memory_gib="${HOST_GIB:-256}" ${EXTRA:-} > "$out/qwen7b_1gpu.log" 2>&1
 echo "train exit $?"
 kill %1 %2 2>/dev/null

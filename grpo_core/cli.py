@@ -35,7 +35,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from grpo_core.config.validate import missing_rendezvous
     from grpo_core.diagnostics.advice import missing_dependencies
     from grpo_core.preflight import check_training_inputs
-    from grpo_core.trainer.checkpoint import CheckpointManager, check_same_model
+    from grpo_core.trainer.checkpoint import CheckpointManager, check_optimizer_layout, check_same_model
     from grpo_core.trainer.dry_run import print_notes_and_warnings, render_dry_run, resolve_run
 
     run = resolve_run(args.config, args.overrides)
@@ -60,6 +60,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         resume_from = CheckpointManager.for_run(run.config.trainer).resolve_resume(mode)
         if resume_from is not None:
             check_same_model(resume_from, run.shape)
+            m = run.config.actor_rollout_ref.actor.megatron
+            check_optimizer_layout(resume_from, m.tensor_model_parallel_size, m.pipeline_model_parallel_size)
             if mode == "auto":  # the ranks load the one verified here (a damaged newer one is not looked at again)
                 args.overrides = [*args.overrides, f"trainer.resume_mode={resume_from.resolve()}"]
     print_notes_and_warnings(run.report, err_console)

@@ -14,13 +14,20 @@ import pytest
 import torch
 import xxhash
 
-from grpo_core.trainer.checkpoint import CheckpointError, CheckpointManager, verify_checkpoint
+from grpo_core.trainer.checkpoint import (
+    STATE_FILE,
+    CheckpointError,
+    CheckpointManager,
+    check_optimizer_layout,
+    read_trainer_state,
+    verify_checkpoint,
+)
 from grpo_core.trainer.manifest import file_hash
 from tests.dist.launch import torchrun
 from tests.test_actor import tiny_llama  # noqa: F401  (fixture)
 
 
-def run(hf_dir, root, out, steps, nproc=1, tp=1, crash="none"):
+def run(hf_dir, root, out, steps, nproc=1, tp=1, crash="none", per_rank=False):
     return torchrun(
         "ckpt_worker.py",
         nproc,
@@ -36,6 +43,7 @@ def run(hf_dir, root, out, steps, nproc=1, tp=1, crash="none"):
         crash,
         "--out",
         str(out),
+        *(["--per-rank"] if per_rank else []),
         check=crash == "none",
     )
 
@@ -78,6 +86,31 @@ def test_killed_run_resumes_exactly(crash, tiny_llama, uninterrupted, tmp_path):
         assert resumed[step]["log_probs"] == straight[step]["log_probs"]
     assert not (root / "step_000003.partial").exists()
     assert [p.name for p in manager.complete_checkpoints()] == ["step_000002", "step_000003", "step_000004"]
+
+
+def test_per_rank_optimizer_shards_resume_exactly(tiny_llama, uninterrupted, tmp_path):  # noqa: F811
+    """dist_ckpt_optim_fully_reshardable=false: the optimizer saved as each rank's shards (no gathered copy)
+    resumes the run exactly, and the checkpoint says which TP/PP it can be loaded at."""
+    root, out = tmp_path / "ckpt", tmp_path / "out.jsonl"
+    assert run(tiny_llama, root, out, steps=4, crash="step:3", per_rank=True).returncode != 0
+    state = read_trainer_state(root / "step_000002")
+    assert (state["optimizer_format"], state["optimizer_layout"]) == ("dp_reshardable", {"tp": 1, "pp": 1})
+    run(tiny_llama, root, out, steps=4, per_rank=True)
+    resumed, (_, straight) = steps_of(out), uninterrupted
+    for step in (3, 4):
+        assert resumed[step]["metrics"] == straight[step]["metrics"], step
+        assert resumed[step]["log_probs"] == straight[step]["log_probs"]
+
+
+def test_per_rank_optimizer_shards_refuse_another_tp_in_one_line(tmp_path):
+    (tmp_path / STATE_FILE).write_text(
+        json.dumps({"step": 2, "optimizer_format": "dp_reshardable", "optimizer_layout": {"tp": 2, "pp": 1}})
+    )
+    assert check_optimizer_layout(tmp_path, 2, 1) == "dp_reshardable"
+    with pytest.raises(CheckpointError, match=r"each rank's shards at TP=2 PP=1 .* not loadable at TP=1 PP=1; resume"):
+        check_optimizer_layout(tmp_path, 1, 1)
+    (tmp_path / STATE_FILE).write_text(json.dumps({"step": 2}))  # before the format was recorded: gathered
+    assert check_optimizer_layout(tmp_path, 1, 1) == "fully_reshardable"
 
 
 def test_saved_at_tp2_resumes_at_tp1(tiny_llama, uninterrupted, tmp_path):  # noqa: F811

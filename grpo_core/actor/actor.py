@@ -39,6 +39,7 @@ class ActorSettings:
     use_distributed_optimizer: bool = True
     optimizer_offload: bool = False  # Adam states in host memory, step on the CPU (GPU runs only)
     optimizer_overrides: dict | None = None  # megatron OptimizerConfig fields (override_optimizer_config)
+    reshardable_checkpoint: bool = True  # the optimizer saved loadable at any TP/PP (see planning/memory.py)
     recompute: bool = False
     transformer_overrides: dict | None = None
     lr: float = 1e-6
@@ -75,6 +76,7 @@ class ActorSettings:
             use_distributed_optimizer=m.use_distributed_optimizer,
             optimizer_offload=m.optimizer_offload,
             optimizer_overrides=dict(optim.override_optimizer_config),
+            reshardable_checkpoint=m.dist_ckpt_optim_fully_reshardable,
             recompute=recompute and "recompute_granularity" not in overrides,
             transformer_overrides=overrides,
             lr=optim.lr,
@@ -473,8 +475,14 @@ class MegatronActor:
         for i, chunk in enumerate(self.model):
             yield (f"model{i}" if len(self.model) > 1 else "model"), getattr(chunk, "module", chunk)
 
-    def sharded_state_dict(self, is_loading: bool = False) -> dict:
-        """Model (and optimizer) in megatron's dist-checkpoint form: loadable at another TP/PP/DP layout."""
+    @property
+    def optimizer_format(self) -> str:
+        """How checkpoints hold the distributed optimizer: gathered into model space, or each rank's own shards."""
+        return "fully_reshardable" if self.s.reshardable_checkpoint else "dp_reshardable"
+
+    def sharded_state_dict(self, is_loading: bool = False, optimizer_format: str | None = None) -> dict:
+        """Model (and optimizer, in ``optimizer_format``: the checkpoint's when loading) in megatron's
+        dist-checkpoint form: the model loadable at another TP/PP/DP layout, the optimizer as its format allows."""
         self.reload_from_host()  # an offloaded tensor has no storage to save or load into
         state = {}
         for key, module in self._unwrapped_chunks():
@@ -482,10 +490,8 @@ class MegatronActor:
         if self.trainable:
             if is_loading:
                 optimizer_state.zero_adam_states(self.optimizer)
-            model_state = dict(state)
-            state["optimizer"] = self.optimizer.sharded_state_dict(
-                model_state, is_loading=is_loading, metadata={"distrib_optim_sharding_type": "fully_reshardable"}
-            )
+            metadata = {"distrib_optim_sharding_type": optimizer_format or self.optimizer_format}
+            state["optimizer"] = self.optimizer.sharded_state_dict(dict(state), is_loading, metadata=metadata)
         return state
 
     def scheduler_state(self) -> dict:

@@ -1,11 +1,13 @@
 """Checkpointing megatron's distributed optimizer when it runs torch's Adam (no Apex, no Transformer Engine).
 
 That is the set-up on CPU and on GPU machines without those packages, and megatron-core (0.16-0.19)
-mishandles it in three places, each worked around here and covered by tests/test_checkpoint.py:
+mishandles it in four places, each worked around here and covered by tests/test_checkpoint.py:
 1. a fresh optimizer has no Adam state, and megatron cannot describe it for loading (``assert len(steps) == 1``);
-2. loading the "fully_reshardable" format copies Adam's ``step`` from tensors that leave it out (KeyError);
+2. loading copies Adam's ``step`` from tensors that leave it out ("fully_reshardable": a KeyError) or that hold the
+   fresh optimizer's own step ("dp_reshardable", which does not save it: the step would restart at 0);
 3. the restored ``step`` is one tensor shared by all parameters, which Adam then increments once per
-   parameter per step, corrupting the bias correction.
+   parameter per step, corrupting the bias correction;
+4. loading the "dp_reshardable" format copies into the fp32 master weights with autograd on (an error).
 """
 
 import torch
@@ -29,7 +31,7 @@ def zero_adam_states(optimizer) -> None:
 
 
 def _keep_step_on_load(opt) -> None:
-    """(2) Supply the step megatron already restored, so copying that key is a no-op."""
+    """(2) Supply the step megatron already restored (from the param groups), so copying that key is a no-op."""
     original = getattr(opt, "_set_main_param_and_optimizer_states", None)
     if original is None or getattr(original, "_keeps_step", False):
         return
@@ -38,7 +40,7 @@ def _keep_step_on_load(opt) -> None:
         group, order = opt.model_param_group_index_map[model_param]
         main_param = opt.optimizer.param_groups[group]["params"][order]
         step = opt.optimizer.state.get(main_param, {}).get("step")
-        if step is not None and "step" not in tensors:
+        if step is not None:  # "dp_reshardable" hands over the fresh optimizer's own step (not saved): replaced too
             tensors = {**tensors, "step": step.clone()}
         return original(model_param, tensors)
 
@@ -50,7 +52,8 @@ def load(optimizer, state: dict) -> None:
     """Load a dist-checkpointed optimizer state, then (3) give every parameter its own ``step``."""
     for opt in _chained(optimizer):
         _keep_step_on_load(opt)
-    optimizer.load_state_dict(state)
+    with torch.no_grad():  # (4)
+        optimizer.load_state_dict(state)
     for opt in _chained(optimizer):
         for param_state in opt.optimizer.state.values():
             if isinstance(param_state.get("step"), torch.Tensor):

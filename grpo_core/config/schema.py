@@ -87,6 +87,12 @@ class MegatronConfig:
     param_offload: bool = setting(False, "keep parameters in host memory outside their phase")
     grad_offload: bool = setting(False, "keep gradient buffers in host memory outside the update")
     optimizer_offload: bool = setting(False, "keep optimizer states in host memory outside the update")
+    dist_ckpt_optim_fully_reshardable: bool = setting(
+        True,
+        "checkpoints' optimizer state resumable at any TP/PP (megatron gathers it: ~36 bytes of host memory per "
+        "parameter per GPU while saving); false: each rank's own shards, resumable at the same TP/PP (Megatron-LM's "
+        "default)",
+    )
     dtype: str = setting("bfloat16", "compute dtype (float16 trains with dynamic loss scaling)", DTYPES)
     seed: int = setting(42, "seed of weight init and dropout")
     override_transformer_config: dict[str, Any] = setting(

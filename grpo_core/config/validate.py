@@ -116,6 +116,7 @@ def memory_options(cfg: GRPOConfig) -> MemoryOptions:
         grad_offload=m.grad_offload,
         optimizer_offload=optimizer_offloaded(cfg),
         optimizer_stays=not m.optimizer_offload,
+        reshardable_checkpoint=m.dist_ckpt_optim_fully_reshardable,
         precision_aware_optimizer=bool(
             cfg.actor_rollout_ref.actor.optim.override_optimizer_config.get("use_precision_aware_optimizer")
         ),
@@ -488,11 +489,17 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
     per_node, node = cfg.trainer.n_gpus_per_node, cfg.trainer.host_memory_gib or local_host_memory_gib()
     host, at_save = est.host * per_node, est.host_at_save * per_node
     if node and host <= 0.9 * node < at_save:
+        how = (
+            "gathers the optimizer state into a layout-independent form (36 bytes per parameter; "
+            "actor_rollout_ref.actor.megatron.dist_ckpt_optim_fully_reshardable=false saves each rank's shards "
+            "instead, resumable at the same TP/PP)"
+            if opts.reshardable_checkpoint
+            else "copies the GPU's weights and optimizer state to host memory"
+        )
         r.errors.append(
             f"a checkpoint save would need an estimated {at_save:.0f} GiB of host memory per node, over 90% of the "
-            f"node's {node:.0f} GiB: megatron's torch_dist writer copies the GPU's weights and optimizer state "
-            f"({at_save - host:.0f} GiB) to host memory beside the {host:.0f} GiB of offloaded state, and the kernel "
-            "kills the run; use more GPUs, a node with more host memory, or less offload "
+            f"node's {node:.0f} GiB: megatron's torch_dist save {how}, beside the {host:.0f} GiB of offloaded "
+            "state, and the kernel kills the run; use more GPUs, a node with more host memory, or less offload "
             "(ref.megatron.param_offload, optimizer_offload_fraction)"
         )
     if node and host > 0.9 * node:

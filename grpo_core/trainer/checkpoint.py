@@ -98,14 +98,28 @@ def check_same_model(path: Path, shape) -> None:
         )
 
 
+def check_optimizer_layout(path: Path, tp: int, pp: int) -> str:
+    """The checkpoint's optimizer format; CheckpointError when it holds each rank's shards of another TP/PP."""
+    state = read_trainer_state(path)
+    optimizer_format, saved = state.get("optimizer_format", "fully_reshardable"), state.get("optimizer_layout")
+    if optimizer_format == "dp_reshardable" and saved not in (None, {"tp": tp, "pp": pp}):
+        raise CheckpointError(
+            f"{path}: its optimizer state is each rank's shards at TP={saved['tp']} PP={saved['pp']} (saved with "
+            "actor_rollout_ref.actor.megatron.dist_ckpt_optim_fully_reshardable=false), not loadable at TP="
+            f"{tp} PP={pp}; resume at that TP/PP, or export the model (grpo export) and start a new run from it"
+        )
+    return optimizer_format
+
+
 def load_actor_state(path: Path, actor) -> None:
     """Model (and, for a trainable actor, optimizer) from a dist checkpoint, resharded to the actor's layout."""
     from megatron.core import dist_checkpointing
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
+    optimizer_format = check_optimizer_layout(path, actor.s.layout.tp, actor.s.layout.pp) if actor.trainable else None
     try:
-        loaded = dist_checkpointing.load(actor.sharded_state_dict(is_loading=True), str(path))
-        actor.load_sharded_state_dict(loaded)
+        sharded = actor.sharded_state_dict(is_loading=True, optimizer_format=optimizer_format)
+        actor.load_sharded_state_dict(dist_checkpointing.load(sharded, str(path)))
     except (Exception, CheckpointException) as e:
         raise CheckpointError(f"{path}: cannot load it into this model: {_failure_text(e)}") from e
 
@@ -211,6 +225,8 @@ class CheckpointManager:
                 "step": step,
                 "world_size": dist.get_world_size() if dist.is_initialized() else 1,
                 "lr_scheduler": actor.scheduler_state(),
+                "optimizer_format": actor.optimizer_format,
+                "optimizer_layout": {"tp": actor.s.layout.tp, "pp": actor.s.layout.pp},
             }
             write_text_atomic(partial / STATE_FILE, json.dumps(state, indent=2))
             manifest.write_manifest(partial)

@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--crash", default="none", help="none | save:K | step:K | disk:K (disk full in save K)")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--per-rank", action="store_true", help="the optimizer saved as each rank's own shards")
     args = parser.parse_args()
     init_distributed()
     layout = ParallelLayout(world_size=dist.get_world_size(), tp=args.tp)
@@ -72,6 +73,7 @@ def main() -> None:
         mini_batch_rows=4,
         micro_batch_rows=2,
         loss=LossSettings(kl_loss_coef=0.1),
+        reshardable_checkpoint=not args.per_rank,
     )
     policy = MegatronActor(shape, settings, hf_path=args.hf_dir)
     manager = CheckpointManager(args.root, save_freq=1, keep=3)
