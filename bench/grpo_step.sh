@@ -28,14 +28,11 @@ runs=${RUNS:-rows budget}
   actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192
 # larger budgets: 16,384 tokens per update micro-batch, 32,768 per log-prob forward (the fastest measured);
 # RUNS=kept: the same with the engine's cache and graphs kept between rollouts (free_cache_engine=false)
-[[ $runs == *large* ]] && run qwen1.5b_tp1_large Qwen2.5-1.5B actor_rollout_ref.actor.use_dynamic_bsz=true \
-  actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true \
-  actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768 actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true \
-  actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=32768
-[[ $runs == *kept* ]] && run qwen1.5b_tp1_kept Qwen2.5-1.5B actor_rollout_ref.actor.use_dynamic_bsz=true \
-  actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true \
-  actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768 actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true \
-  actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=32768 actor_rollout_ref.rollout.free_cache_engine=false
+large=(actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384
+  actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768
+  actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=32768)
+[[ $runs == *large* ]] && run qwen1.5b_tp1_large Qwen2.5-1.5B "${large[@]}"
+[[ $runs == *kept* ]] && run qwen1.5b_tp1_kept Qwen2.5-1.5B "${large[@]}" actor_rollout_ref.rollout.free_cache_engine=false
 if [ "$big" = 7b ]; then
   run qwen7b_tp2 Qwen2.5-7B trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 actor_rollout_ref.rollout.max_num_seqs=256
