@@ -59,9 +59,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         mode = run.config.trainer.resume_mode
         resume_from = CheckpointManager.for_run(run.config.trainer).resolve_resume(mode)
         if resume_from is not None:
-            check_same_model(resume_from, run.shape)
             m = run.config.actor_rollout_ref.actor.megatron
             check_optimizer_layout(resume_from, m.tensor_model_parallel_size, m.pipeline_model_parallel_size)
+            check_same_model(resume_from, run.shape)
             if mode == "auto":  # the ranks load the one verified here (a damaged newer one is not looked at again)
                 args.overrides = [*args.overrides, f"trainer.resume_mode={resume_from.resolve()}"]
     print_notes_and_warnings(run.report, err_console)

@@ -22,7 +22,7 @@ from grpo_core.trainer.checkpoint import (
     read_trainer_state,
     verify_checkpoint,
 )
-from grpo_core.trainer.manifest import file_hash
+from grpo_core.trainer.manifest import file_hash, write_manifest
 from tests.dist.launch import torchrun
 from tests.test_actor import tiny_llama  # noqa: F401  (fixture)
 
@@ -338,7 +338,7 @@ def test_resume_skips_a_damaged_newest_checkpoint_with_one_warning(tiny_llama, u
     verify_checkpoint(root / "step_000004")  # written anew, whole
 
 
-@pytest.mark.parametrize("fault", ["damaged", "another model"])
+@pytest.mark.parametrize("fault", ["damaged", "another model", "per-rank shards of another TP"])
 def test_train_refuses_a_damaged_or_foreign_checkpoint_before_any_rank_starts(fault, uninterrupted, tmp_path):
     """trainer.resume_mode=PATH: checked by `grpo train` itself, in one line, before torchrun starts a rank."""
     from tests.support.tiny import TOKENIZER, capitals_data, tiny_model_dir
@@ -352,8 +352,14 @@ def test_train_refuses_a_damaged_or_foreign_checkpoint_before_any_rank_starts(fa
     if fault == "damaged":
         cut(checkpoint / "__0_0.distcp")
         says = f"error: damaged checkpoint: {checkpoint / '__0_0.distcp'}: 100000 bytes, the manifest says"
-    else:  # the checkpoint's model has 4 layers and 256 tokens, the tiny model directory 2 layers and 49152
+    elif fault == "another model":  # the checkpoint's model: 4 layers and 256 tokens; the tiny model's: 2 and 49152
         says = f"error: {checkpoint / 'trainer_state.json'}: the checkpoint is of another model (num_layers 4 there"
+    else:  # saved with dist_ckpt_optim_fully_reshardable=false at TP=2, resumed at TP=1
+        state = json.loads((checkpoint / STATE_FILE).read_text())
+        state |= {"optimizer_format": "dp_reshardable", "optimizer_layout": {"tp": 2, "pp": 1}}
+        (checkpoint / STATE_FILE).write_text(json.dumps(state))
+        write_manifest(checkpoint)
+        says = f"error: {checkpoint}: its optimizer state is each rank's shards at TP=2 PP=1"
     run = tmp_path / "run"
     overrides = base_overrides(tiny_model_dir(tmp_path / "model"), capitals_data(tmp_path / "data"), 1)
     proc = grpo_train(run, *overrides, f"trainer.resume_mode={checkpoint}")
