@@ -35,7 +35,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from grpo_core.config.validate import missing_rendezvous
     from grpo_core.diagnostics.advice import missing_dependencies
     from grpo_core.preflight import check_training_inputs
-    from grpo_core.trainer.checkpoint import CheckpointManager, check_optimizer_layout, check_same_model
+    from grpo_core.trainer.checkpoint import (
+        CheckpointManager,
+        check_optimizer_layout,
+        check_same_model,
+        contents_setting,
+    )
     from grpo_core.trainer.dry_run import print_notes_and_warnings, render_dry_run, resolve_run
 
     run = resolve_run(args.config, args.overrides)
@@ -59,8 +64,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         mode = run.config.trainer.resume_mode
         resume_from = CheckpointManager.for_run(run.config.trainer).resolve_resume(mode)
         if resume_from is not None:
-            m = run.config.actor_rollout_ref.actor.megatron
-            check_optimizer_layout(resume_from, m.tensor_model_parallel_size, m.pipeline_model_parallel_size)
+            actor = run.config.actor_rollout_ref.actor
+            if "optimizer" in contents_setting(actor.checkpoint)[1]:
+                tp, pp = actor.megatron.tensor_model_parallel_size, actor.megatron.pipeline_model_parallel_size
+                check_optimizer_layout(resume_from, tp, pp)
             check_same_model(resume_from, run.shape)
             if mode == "auto":  # the ranks load the one verified here (a damaged newer one is not looked at again)
                 args.overrides = [*args.overrides, f"trainer.resume_mode={resume_from.resolve()}"]

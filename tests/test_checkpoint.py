@@ -27,7 +27,7 @@ from tests.dist.launch import torchrun
 from tests.test_actor import tiny_llama  # noqa: F401  (fixture)
 
 
-def run(hf_dir, root, out, steps, nproc=1, tp=1, crash="none", per_rank=False):
+def run(hf_dir, root, out, steps, nproc=1, tp=1, crash="none", per_rank=False, extra=()):
     return torchrun(
         "ckpt_worker.py",
         nproc,
@@ -44,6 +44,7 @@ def run(hf_dir, root, out, steps, nproc=1, tp=1, crash="none", per_rank=False):
         "--out",
         str(out),
         *(["--per-rank"] if per_rank else []),
+        *extra,
         check=crash == "none",
     )
 
@@ -100,6 +101,30 @@ def test_per_rank_optimizer_shards_resume_exactly(tiny_llama, uninterrupted, tmp
     for step in (3, 4):
         assert resumed[step]["metrics"] == straight[step]["metrics"], step
         assert resumed[step]["log_probs"] == straight[step]["log_probs"]
+
+
+def test_a_model_only_checkpoint_resumes_with_a_fresh_optimizer(tiny_llama, tmp_path, caplog):  # noqa: F811
+    """actor.checkpoint.save_contents=[model, extra] (verl's key): the checkpoint holds no optimizer state, and a
+    run resumed from it continues from the saved weights with Adam afresh: in bf16, where the optimizer keeps
+    fp32 copies of the weights that must follow the loaded ones, exactly what the uninterrupted run gives when
+    its Adam state is zeroed before that step."""
+    root, out, ref_root, ref_out = tmp_path / "ckpt", tmp_path / "out.jsonl", tmp_path / "ref", tmp_path / "ref.jsonl"
+    lean = ["--contents", "model,extra", "--dtype", "bfloat16"]
+    assert run(tiny_llama, root, out, steps=3, crash="step:3", extra=lean).returncode != 0
+    state = read_trainer_state(root / "step_000002")
+    assert state["contents"] == ["extra", "model"] and "optimizer_format" not in state
+    with_adam = tmp_path / "with_adam"
+    run(tiny_llama, with_adam, tmp_path / "with_adam.jsonl", steps=1, extra=["--dtype", "bfloat16"])
+    lean_bytes, full_bytes = (
+        sum(f.stat().st_size for f in d.glob("*.distcp")) for d in (root / "step_000002", with_adam / "step_000001")
+    )
+    assert lean_bytes < full_bytes / 3, (lean_bytes, full_bytes)  # bf16 weights against + 12 B/param of Adam
+    proc = run(tiny_llama, root, out, steps=3, extra=lean)
+    assert "without its optimizer (save_contents did not hold it): Adam starts afresh" in proc.stderr
+    run(tiny_llama, ref_root, ref_out, steps=3, extra=[*lean, "--forget-adam-at", "3"])
+    resumed, reference = steps_of(out), steps_of(ref_out)
+    assert resumed[2] == reference[2]
+    assert resumed[3]["metrics"] == reference[3]["metrics"] and resumed[3]["log_probs"] == reference[3]["log_probs"]
 
 
 def test_per_rank_optimizer_shards_refuse_another_tp_in_one_line(tmp_path):

@@ -1,5 +1,6 @@
 """Run diagnostics on CPU: comm shares from traces, GPU samples by phase, and the troubleshooting advice."""
 
+import gc
 import json
 
 import pytest
@@ -169,11 +170,33 @@ def test_slow_phases_are_warned_about_once_after_the_first_step(caplog):
     warnings = []
     for step in (1, 2, 3):
         caplog.clear()
-        assert diag.end_step(step) == {"gpu/util_gen": 90.0, "gpu/util_update": 30.0, "gpu/memory_used_gib_max": 2.0}
+        metrics = {k: v for k, v in diag.end_step(step).items() if not k.startswith("perf/gc_")}
+        assert metrics == {"gpu/util_gen": 90.0, "gpu/util_update": 30.0, "gpu/memory_used_gib_max": 2.0}
         warnings.append([r.getMessage() for r in caplog.records if r.levelname == "WARNING"])
     diag.close()
     assert warnings[0] == [] and warnings[2] == []  # step 1 warms up; then once
     assert len(warnings[1]) == 1 and warnings[1][0].startswith("warning: GPU utilisation below 70% (update 30%)")
+
+
+def test_gc_pauses_count_full_collections_and_freezing_what_exists_shortens_them():
+    from grpo_core.diagnostics.gc_pauses import GcPauses
+
+    pauses = GcPauses()
+    try:
+        junk = [[i] for i in range(300_000)]  # tracked objects, as a trainer's modules are
+        pauses.take()  # building them may trip collections of their own
+        gc.collect()
+        walked = pauses.take()
+        gc.freeze()  # what the loop does after set-up
+        gc.collect()
+        frozen = pauses.take()
+    finally:
+        gc.unfreeze()
+        pauses.close()
+    assert walked["perf/gc_full"] == frozen["perf/gc_full"] == 1 and pauses.take()["perf/gc_s"] == 0.0
+    assert 0 < frozen["perf/gc_s"] < walked["perf/gc_s"] / 3, (walked, frozen, len(junk))
+    gc.collect()
+    assert pauses.take()["perf/gc_full"] == 0  # closed: no longer counting
 
 
 def test_collective_timeout_names_rank_phase_and_environment():

@@ -159,7 +159,7 @@ def test_tp2_run_resumes_from_its_checkpoint(tmp_path, capitals):
         assert m["timing/update"] > 0 and m["perf/throughput"] > 0
 
 
-UNTIMED = ("timing/", "perf/throughput", "perf/max_memory_gib")
+UNTIMED = ("timing/", "perf/throughput", "perf/max_memory_gib", "perf/gc_")
 
 
 def test_dapo_run_killed_after_a_checkpoint_resumes_exactly(tmp_path, capitals):

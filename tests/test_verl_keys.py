@@ -106,6 +106,22 @@ def test_verl_keys_of_no_effect_are_notes(capsys):
     assert "note: actor_rollout_ref.rollout.mode=async: the engine is colocated" in out
 
 
+def test_checkpoint_contents_as_verl_scripts_write_them(capsys):
+    ckpt = "actor_rollout_ref.actor.checkpoint"
+    verl_style = [f"{ckpt}.save_contents=['model','optimizer','extra','hf_model']", f"{ckpt}.async_save=False"]
+    assert main(["train", "--config", BASE, *verl_style, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"note: {ckpt}.save_contents 'hf_model': not written during training; `grpo export" in out
+    assert f"note: {ckpt}.async_save: no effect here: checkpoints are written synchronously" in out
+    assert main(["train", "--config", BASE, f"{ckpt}.save_contents=[hf_model]", "--dry-run"]) == 0
+    assert "has no 'model': the model is saved anyway" in capsys.readouterr().out
+    assert main(["train", "--config", BASE, f"{ckpt}.load_contents=[model,weights]", "--dry-run"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: {ckpt}.load_contents entry 'weights' is not valid; valid: ['model', 'optimizer', 'extra', 'hf_model']"
+    ], errors
+
+
 @pytest.mark.parametrize(
     "override,feature",
     [

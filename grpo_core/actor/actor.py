@@ -480,14 +480,17 @@ class MegatronActor:
         """How checkpoints hold the distributed optimizer: gathered into model space, or each rank's own shards."""
         return "fully_reshardable" if self.s.reshardable_checkpoint else "dp_reshardable"
 
-    def sharded_state_dict(self, is_loading: bool = False, optimizer_format: str | None = None) -> dict:
-        """Model (and optimizer, in ``optimizer_format``: the checkpoint's when loading) in megatron's
-        dist-checkpoint form: the model loadable at another TP/PP/DP layout, the optimizer as its format allows."""
+    def sharded_state_dict(
+        self, is_loading: bool = False, optimizer_format: str | None = None, optimizer: bool = True
+    ) -> dict:
+        """Model (and, with ``optimizer``, the optimizer in ``optimizer_format``: the checkpoint's when loading)
+        in megatron's dist-checkpoint form: the model loadable at another TP/PP/DP layout, the optimizer as its
+        format allows."""
         self.reload_from_host()  # an offloaded tensor has no storage to save or load into
         state = {}
         for key, module in self._unwrapped_chunks():
             state[key] = module.sharded_state_dict()
-        if self.trainable:
+        if self.trainable and optimizer:
             if is_loading:
                 optimizer_state.zero_adam_states(self.optimizer)
             metadata = {"distrib_optim_sharding_type": optimizer_format or self.optimizer_format}
@@ -509,6 +512,8 @@ class MegatronActor:
             optimizer_state.load(self.optimizer, state["optimizer"])
             if self._fused_adam:  # the checkpoint's param groups may say otherwise
                 fused.use_fused_adam(self.optimizer)
+        elif self.trainable:  # the weights alone: the optimizer's fp32 copies must follow them
+            self.optimizer.reload_model_params()
 
     def _reduce_metrics(self, outputs: list[dict]) -> dict[str, float]:
         """Sums over micro-batches and DP ranks divided by the global denominator, on every rank."""

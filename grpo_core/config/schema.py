@@ -124,6 +124,21 @@ class PolicyLossConfig:
     )
 
 
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+
+
+@dataclass
+class CheckpointConfig:
+    save_contents: list[str] = setting(
+        ["model", "optimizer", "extra"],
+        "what each checkpoint holds: model, optimizer (Adam's state: 12 bytes a parameter), extra (lr schedule, "
+        "RNG states); hf_model is written from any checkpoint by `grpo export`",
+    )
+    load_contents: list[str] | None = setting(
+        None, "what a resume restores of what was saved (null: save_contents); without optimizer, Adam starts afresh"
+    )
+
+
 @dataclass
 class ActorConfig:
     strategy: str = setting("megatron", "training backend", ("megatron",))
@@ -153,6 +168,7 @@ class ActorConfig:
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, "the policy-gradient loss")
     optim: OptimConfig = section(OptimConfig, "optimizer and learning-rate schedule")
     megatron: MegatronConfig = section(MegatronConfig, "megatron-core parallel layout and memory options")
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "what checkpoints hold and what a resume restores")
 
 
 @dataclass

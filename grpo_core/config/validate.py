@@ -23,7 +23,7 @@ from grpo_core.algos import (
     POLICY_LOSSES,
     ROLLOUT_IS_LEVELS,
 )
-from grpo_core.config.schema import GRPOConfig, iter_settings
+from grpo_core.config.schema import CHECKPOINT_CONTENTS, GRPOConfig, iter_settings
 from grpo_core.config.verl_keys import REFUSED_VALUES
 from grpo_core.models.shape import HF_OVERRIDE_SECTION, ModelShape
 from grpo_core.planning.layout import ParallelLayout
@@ -116,7 +116,8 @@ def memory_options(cfg: GRPOConfig) -> MemoryOptions:
         grad_offload=m.grad_offload,
         optimizer_offload=optimizer_offloaded(cfg),
         optimizer_stays=not m.optimizer_offload,
-        reshardable_checkpoint=m.dist_ckpt_optim_fully_reshardable,
+        reshardable_checkpoint=m.dist_ckpt_optim_fully_reshardable
+        and "optimizer" in cfg.actor_rollout_ref.actor.checkpoint.save_contents,
         precision_aware_optimizer=bool(
             cfg.actor_rollout_ref.actor.optim.override_optimizer_config.get("use_precision_aware_optimizer")
         ),
@@ -154,6 +155,21 @@ def _check_choices(cfg: GRPOConfig, r: Report) -> None:
     for name in cfg.trainer.logger:
         if name not in LOGGERS:
             r.errors.append(f"trainer.logger entry {name!r} is not valid; valid: {list(LOGGERS)}")
+
+
+def _check_checkpoint_contents(cfg: GRPOConfig, r: Report) -> None:
+    prefix, ckpt = "actor_rollout_ref.actor.checkpoint", cfg.actor_rollout_ref.actor.checkpoint
+    for key in ("save_contents", "load_contents"):
+        for name in getattr(ckpt, key) or []:
+            if name not in CHECKPOINT_CONTENTS:
+                r.errors.append(f"{prefix}.{key} entry {name!r} is not valid; valid: {list(CHECKPOINT_CONTENTS)}")
+    if "model" not in ckpt.save_contents:
+        r.notes.append(f"{prefix}.save_contents has no 'model': the model is saved anyway, so that a run can resume")
+    if "hf_model" in ckpt.save_contents:
+        r.notes.append(
+            f"{prefix}.save_contents 'hf_model': not written during training; `grpo export CHECKPOINT OUT_DIR` "
+            "writes the Hugging Face model from any checkpoint"
+        )
 
 
 def _check_algorithm(cfg: GRPOConfig, r: Report) -> None:
@@ -494,7 +510,7 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
             "actor_rollout_ref.actor.megatron.dist_ckpt_optim_fully_reshardable=false saves each rank's shards "
             "instead, resumable at the same TP/PP)"
             if opts.reshardable_checkpoint
-            else "copies the GPU's weights and optimizer state to host memory"
+            else "streams each rank's tensors through host memory, two at a time"
         )
         r.errors.append(
             f"a checkpoint save would need an estimated {at_save:.0f} GiB of host memory per node, over 90% of the "
@@ -646,6 +662,7 @@ def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
     """Every problem with ``cfg``; shape-dependent checks are skipped when the model could not be read."""
     r = Report()
     _check_choices(cfg, r)
+    _check_checkpoint_contents(cfg, r)
     _check_algorithm(cfg, r)
     _check_paths(cfg, r)
     _check_megatron_overrides(cfg, r)

@@ -118,7 +118,8 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
         FUSED, f"{ARR}.actor.use_fused_kernels", f"{ARR}.model.use_fused_kernels", f"{ARR}.model.fused_kernel_options.*"
     ),
     *_ignored(
-        "checkpoints always hold the model, the optimizer and the trainer state, and are written synchronously",
+        "checkpoints are written synchronously, each tensor streamed from the GPU to its file (host memory stays "
+        "bounded); actor.checkpoint.save_contents and load_contents are settings",
         f"{ARR}.actor.checkpoint.*",
     ),
     *_ignored(

@@ -3,7 +3,8 @@
 ``RunDiagnostics`` watches each phase the loop times: it tags GPU samples (rank 0, ``gpu.py``) and
 profiler ranges with the phase, profiles the steps in ``trainer.profile_steps`` (trace and
 communication share, ``profile.py``), explains an error raised in a phase (``advice.py``) on the
-rank's stderr before letting it go on, and warns once when the GPUs idle or wait on collectives.
+rank's stderr before letting it go on, warns once when the GPUs idle or wait on collectives, and counts the
+step's garbage-collection pauses (``gc_pauses.py``).
 """
 
 import gzip
@@ -27,6 +28,7 @@ from grpo_core.diagnostics.advice import (
     failure_advice,
     low_utilisation_advice,
 )
+from grpo_core.diagnostics.gc_pauses import GcPauses
 from grpo_core.diagnostics.gpu import GpuSampler, gpu_metrics
 from grpo_core.diagnostics.profile import comm_shares, read_trace
 from grpo_core.models.shape import ModelShape
@@ -40,6 +42,7 @@ class RunDiagnostics:
     def __init__(self, cfg: GRPOConfig, shape: ModelShape, rank: int, tracker=None):
         self.cfg, self.shape, self.rank, self.tracker = cfg, shape, rank, tracker
         self.sampler = GpuSampler(cfg.trainer.n_gpus_per_node) if rank == 0 else None
+        self.gc = GcPauses()
         self._profiler: torch.profiler.profile | None = None
         self._phases: list[str] = []
         self._warned: set[str] = set()
@@ -78,6 +81,7 @@ class RunDiagnostics:
         """This step's ``gpu/*`` and (profiled steps) ``profile/*`` metrics; rank 0 warns about them once."""
         self._steps += 1
         metrics = gpu_metrics(self.sampler.take()) if self.sampler is not None else {}
+        metrics |= self.gc.take()
         profiled = self._profiler is not None
         if profiled:
             metrics |= self._finish_profile(step)
@@ -86,6 +90,7 @@ class RunDiagnostics:
         return metrics
 
     def close(self) -> None:
+        self.gc.close()
         if self.sampler is not None:
             self.sampler.close()
         if self._profiler is not None:

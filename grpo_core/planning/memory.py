@@ -30,10 +30,13 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 GRAD_BYTES = 4  # megatron accumulates and reduces gradients in fp32 ("main_grad")
 # Host bytes per parameter (of a GPU's TP/PP share, whatever the DP size) while megatron saves the distributed
 # optimizer "fully_reshardable": every rank builds fp32 world copies of the parameters and both Adam moments
-# (12 B), the per-bucket shards and gathered pieces on the way, and its writer clones each slice of them (12 B).
-# Measured on CPU (megatron-core 0.16.1, 168M parameters, bf16): 36.0 B per parameter above the process's
-# resident size; the "dp_reshardable" form saves the optimizer's own tensors: 1.9 B.
+# (12 B) and the per-bucket shards and gathered pieces on the way. Measured on CPU (megatron-core 0.16.1, 135M
+# and 168M parameters, bf16, bench/save_memory.py): 36.0 B per parameter above the process's resident size,
+# with megatron's writer and with the project's streaming one alike. The "dp_reshardable" form saves the
+# optimizer's own tensors: 0.6-1.9 B, and the streaming writer (trainer/stream_save.py) copies one tensor per
+# writer thread to the host at a time (STREAM_SAVE_THREADS of the largest, an fp32 embedding shard).
 RESHARDABLE_SAVE_BYTES = 36
+STREAM_SAVE_THREADS = 2
 ADAM_BYTES = 8  # exp_avg + exp_avg_sq in fp32
 HYBRID_HOST_BYTES = 16  # megatron's CPU optimizer per offloaded parameter: fp32 copy, fp32 grad, Adam's two
 MASTER_BYTES = 4  # fp32 master weights, when training in 16-bit
@@ -50,7 +53,7 @@ class MemoryOptions:
     optimizer_offload: float = 0.0  # share of the Adam states in host memory (True: all)
     optimizer_stays: bool = False  # the optimizer's GPU side stays there between updates
     precision_aware_optimizer: bool = False  # TE's: with CPU offload, the fp32 masters live on the host too
-    reshardable_checkpoint: bool = True  # checkpoints' optimizer state gathered into a TP/PP-independent form
+    reshardable_checkpoint: bool = True  # checkpoints hold the optimizer state gathered into a TP/PP-free form
     sequence_parallel: bool = True
     recompute: bool = False
     attention: str = "sdpa"  # "sdpa" (flash/memory-efficient) or "unfused" (materialised scores)
@@ -72,9 +75,8 @@ class MemoryEstimate:
     phases: dict[str, float] = field(default_factory=dict)
     offloaded: list[str] = field(default_factory=list)
     host: float = 0.0  # GiB of host memory per GPU: offloaded state and the hybrid optimizer's host side
-    # ... while a checkpoint is saved: megatron's torch_dist writer first copies every GPU tensor it saves
-    # (weights, fp32 masters, the Adam states on the GPU) to host memory, beside the CPU optimizer's share; a
-    # reshardable optimizer state is first gathered and copied (RESHARDABLE_SAVE_BYTES per parameter)
+    # ... while a checkpoint is saved: a reshardable optimizer state is first gathered on the host
+    # (RESHARDABLE_SAVE_BYTES per parameter); each rank's own shards stream through it a tensor at a time
     host_at_save: float = 0.0
 
     @property
@@ -222,6 +224,7 @@ def estimate_grpo_memory(
     hybrid /= layout.dp if opts.use_distributed_optimizer else 1
     ref_host = reference if with_reference and ref_offload else 0
     gathered = RESHARDABLE_SAVE_BYTES * sum(params_per_gpu(shape, layout)) / GiB
+    streamed = STREAM_SAVE_THREADS * 4 * shape.vocab_size * shape.hidden_size / layout.tp / GiB
     host = (
         (weights if opts.param_offload else 0)
         + (grads if opts.grad_offload else 0)
@@ -257,7 +260,7 @@ def estimate_grpo_memory(
         phases=phases,
         offloaded=offloaded,
         host=host,
-        host_at_save=hybrid + ref_host + (gathered if opts.reshardable_checkpoint else weights + optimizer),
+        host_at_save=host + (gathered if opts.reshardable_checkpoint else streamed),
     )
 
 

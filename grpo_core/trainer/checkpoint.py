@@ -32,6 +32,13 @@ from grpo_core.trainer.manifest import DamagedFile, Verified
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
+# actor.checkpoint.save_contents / load_contents (verl's names): the model always; Adam's state; "extra" is the lr
+# schedule's position and the RNG states. The trainer state (step, data position) is always written.
+FULL_CONTENTS = frozenset({"model", "optimizer", "extra"})
+RESUMED_WITHOUT = {
+    "optimizer": "Adam starts afresh from the saved weights",
+    "extra": "the lr schedule starts from its first step and the RNG states start fresh",
+}
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -111,14 +118,28 @@ def check_optimizer_layout(path: Path, tp: int, pp: int) -> str:
     return optimizer_format
 
 
-def load_actor_state(path: Path, actor) -> None:
-    """Model (and, for a trainable actor, optimizer) from a dist checkpoint, resharded to the actor's layout."""
+def contents_setting(checkpoint_cfg) -> tuple[frozenset, frozenset]:
+    """(what to save, what to restore) from ``actor_rollout_ref.actor.checkpoint``."""
+    save = frozenset(checkpoint_cfg.save_contents)
+    load = checkpoint_cfg.load_contents
+    return save, save if load is None else frozenset(load)
+
+
+def saved_contents(state: dict) -> frozenset:
+    """What a checkpoint holds, from its trainer state (everything, for one written before contents were recorded)."""
+    return frozenset(state.get("contents", FULL_CONTENTS))
+
+
+def load_actor_state(path: Path, actor, optimizer: bool = True) -> None:
+    """Model (and, for a trainable actor, the optimizer unless ``optimizer`` is false) from a dist checkpoint,
+    resharded to the actor's layout."""
     from megatron.core import dist_checkpointing
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
-    optimizer_format = check_optimizer_layout(path, actor.s.layout.tp, actor.s.layout.pp) if actor.trainable else None
+    optimizer = optimizer and actor.trainable
+    optimizer_format = check_optimizer_layout(path, actor.s.layout.tp, actor.s.layout.pp) if optimizer else None
     try:
-        sharded = actor.sharded_state_dict(is_loading=True, optimizer_format=optimizer_format)
+        sharded = actor.sharded_state_dict(is_loading=True, optimizer_format=optimizer_format, optimizer=optimizer)
         actor.load_sharded_state_dict(dist_checkpointing.load(sharded, str(path)))
     except (Exception, CheckpointException) as e:
         raise CheckpointError(f"{path}: cannot load it into this model: {_failure_text(e)}") from e
@@ -187,12 +208,13 @@ class CheckpointManager:
             )
         return None
 
-    def save(self, step: int, actor, trainer_state: dict) -> Path:
-        """Write ``step_N``; CheckpointSaveError (partial directory removed) when the filesystem fails."""
+    def save(self, step: int, actor, trainer_state: dict, contents: frozenset = FULL_CONTENTS) -> Path:
+        """Write ``step_N`` holding ``contents``; CheckpointSaveError (partial directory removed) when the
+        filesystem fails."""
         final = self.root / f"step_{step:06d}"
         partial = final.with_name(final.name + ".partial")
         try:
-            self._write(partial, final, step, actor, trainer_state)
+            self._write(partial, final, step, actor, trainer_state, (contents & FULL_CONTENTS) | {"model"})
         except BaseException as e:  # torch's CheckpointException is a BaseException
             shutil.rmtree(partial, ignore_errors=True)
             if (cause := _write_failure(e)) is None:
@@ -206,8 +228,10 @@ class CheckpointManager:
         logger.info("saved checkpoint %s", final)
         return final
 
-    def _write(self, partial: Path, final: Path, step: int, actor, trainer_state: dict) -> None:
+    def _write(self, partial: Path, final: Path, step: int, actor, trainer_state: dict, contents: frozenset) -> None:
         from megatron.core import dist_checkpointing
+
+        from grpo_core.trainer.stream_save import StreamingSave
 
         if _rank() == 0:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -215,19 +239,25 @@ class CheckpointManager:
                 shutil.rmtree(stale, ignore_errors=True)
             partial.mkdir()
         _barrier()
-        dist_checkpointing.save(actor.sharded_state_dict(), str(partial))
-        (partial / "rng").mkdir(exist_ok=True)
-        torch.save({"cpu": torch.get_rng_state()}, partial / "rng" / f"rank_{_rank()}.pt")
+        with_optimizer = "optimizer" in contents
+        state_dict = actor.sharded_state_dict(optimizer=with_optimizer)
+        dist_checkpointing.save(state_dict, str(partial), sharded_strategy=StreamingSave())
+        if "extra" in contents:
+            (partial / "rng").mkdir(exist_ok=True)
+            torch.save({"cpu": torch.get_rng_state()}, partial / "rng" / f"rank_{_rank()}.pt")
         _barrier()  # every rank's files are on disk: the manifest covers them all
         if _rank() == 0:
             state = {
                 **trainer_state,
                 "step": step,
                 "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-                "lr_scheduler": actor.scheduler_state(),
-                "optimizer_format": actor.optimizer_format,
-                "optimizer_layout": {"tp": actor.s.layout.tp, "pp": actor.s.layout.pp},
+                "contents": sorted(contents),
             }
+            if "extra" in contents:
+                state["lr_scheduler"] = actor.scheduler_state()
+            if with_optimizer:
+                state["optimizer_format"] = actor.optimizer_format
+                state["optimizer_layout"] = {"tp": actor.s.layout.tp, "pp": actor.s.layout.pp}
             write_text_atomic(partial / STATE_FILE, json.dumps(state, indent=2))
             manifest.write_manifest(partial)
             if final.exists():
@@ -237,17 +267,23 @@ class CheckpointManager:
             self._purge()
         _barrier()
 
-    def load(self, path: Path, actor) -> dict:
-        """Restore the actor (any layout) and return the trainer state saved with it."""
+    def load(self, path: Path, actor, contents: frozenset = FULL_CONTENTS) -> dict:
+        """Restore ``contents`` of what the checkpoint holds into the actor (any layout); return the trainer
+        state saved with it."""
         state = read_trainer_state(path)
-        load_actor_state(path, actor)
-        actor.load_scheduler_state(state.get("lr_scheduler", {}))
-        rng_file = path / "rng" / f"rank_{_rank()}.pt"
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        if state.get("world_size") == world and rng_file.is_file():
-            torch.set_rng_state(torch.load(rng_file, weights_only=True)["cpu"])
-        else:
-            logger.info("resuming at a different world size: RNG states start fresh")
+        saved = saved_contents(state)
+        for missing in sorted(FULL_CONTENTS - (saved & contents)):
+            why = "load_contents leaves it out" if missing in saved else "save_contents did not hold it"
+            logger.warning("resuming from %s without its %s (%s): %s", path, missing, why, RESUMED_WITHOUT[missing])
+        load_actor_state(path, actor, optimizer="optimizer" in saved & contents)
+        if "extra" in saved & contents:
+            actor.load_scheduler_state(state.get("lr_scheduler", {}))
+            rng_file = path / "rng" / f"rank_{_rank()}.pt"
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            if state.get("world_size") == world and rng_file.is_file():
+                torch.set_rng_state(torch.load(rng_file, weights_only=True)["cpu"])
+            else:
+                logger.info("resuming at a different world size: RNG states start fresh")
         logger.info("resumed from %s (step %s)", path, state["step"])
         return state
 

@@ -138,5 +138,7 @@ def _memory_table(run: ResolvedRun) -> Table:
         node = m.host * cfg.trainer.n_gpus_per_node
         table.add_row("host memory per node", f"{node:.1f}", "offloaded state, pinned", style="bold")
         save = m.host_at_save * cfg.trainer.n_gpus_per_node
-        table.add_row("host memory per node, saving", f"{save:.1f}", "+ the GPU's state, staged by the writer")
+        gathered = mega.dist_ckpt_optim_fully_reshardable and "optimizer" in actor.checkpoint.save_contents
+        how = "+ the optimizer state gathered" if gathered else "+ two tensors in flight to the files"
+        table.add_row("host memory per node, saving", f"{save:.1f}", how)
     return table

@@ -8,6 +8,7 @@ own model, so it lives on every rank (each runs its TP shard) and has no weights
 logs and writes files.
 """
 
+import gc
 import logging
 import time
 from contextlib import contextmanager, nullcontext
@@ -39,7 +40,7 @@ from grpo_core.rollout import Generation, SamplingSettings, build_engine, to_rol
 from grpo_core.rollout.hf import load_tokenizer
 from grpo_core.tracking import Tracker
 from grpo_core.trainer import metrics as M
-from grpo_core.trainer.checkpoint import CheckpointManager
+from grpo_core.trainer.checkpoint import CheckpointManager, contents_setting
 from grpo_core.trainer.stop import StopRequest
 
 logger = logging.getLogger(__name__)
@@ -121,13 +122,14 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
     try:
         stop.install()
         checkpoints = CheckpointManager.for_run(cfg.trainer)
+        save_contents, load_contents = contents_setting(arr.actor.checkpoint)
         start_step = position = 0  # position: prompt batches drawn so far (dynamic sampling draws several a step)
         # rank 0 verifies (reads every file once) and picks; the others take its choice
         choice = [checkpoints.resolve_resume(cfg.trainer.resume_mode) if rank == 0 else None]
         dist.broadcast_object_list(choice, src=0)
         resume_from = choice[0]
         if resume_from is not None:
-            resumed = checkpoints.load(resume_from, actor)
+            resumed = checkpoints.load(resume_from, actor, load_contents)
             start_step, position = resumed["step"], resumed.get("data_position", resumed["step"])
         if resume_from is not None or _engine_starts_empty(cfg):
             sync_weights(actor, engine, shape, cfg)  # the engine holds the initial weights, or none
@@ -153,6 +155,9 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             max_new_tokens=d.max_response_length,
         )
         on_policy_rows = _on_policy_rows(cfg)
+        # Models, engine and libraries live for the whole run: keep full collections off them (perf/gc_s).
+        gc.collect()
+        gc.freeze()
         step_metrics: dict[str, float] = {}
         warned_no_signal = warned_short = False
         for step in tracker.progress(range(start_step, total_steps), total=total_steps, start=start_step):
@@ -234,7 +239,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                 step_metrics |= validate(cfg, engine, val_prompts, tokenizer, scorer)
             tracker.log(step_metrics, step=step + 1)
             if checkpoints.should_save(step + 1, last or stopping is not None):
-                checkpoints.save(step + 1, actor, {**trainer_state, "data_position": position})
+                checkpoints.save(step + 1, actor, {**trainer_state, "data_position": position}, save_contents)
             if stopping is not None and not last:
                 if rank == 0:
                     logger.warning(STOPPED, stopping, step + 1, total_steps)
@@ -243,6 +248,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
         diag.close()
         return step_metrics
     finally:
+        gc.unfreeze()  # a pipeline runs train in-process: its models must be collectable afterwards
         stop.restore()
         if engine is not None and hasattr(engine, "close"):
             engine.close()  # vLLM's engine processes do not end with this one

@@ -102,7 +102,12 @@ def read_manifest(root: Path) -> dict | None:
     return manifest
 
 
-_PLAIN_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict")}
+_PLAIN_GLOBALS = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),  # torch's FileSystemWriter records the directory it wrote to
+}
 
 
 class _TorchCheckpointClasses(pickle.Unpickler):

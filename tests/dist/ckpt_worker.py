@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 
+import torch
 import torch.distributed as dist
 
 from grpo_core.actor.actor import ActorSettings, MegatronActor
@@ -50,6 +51,17 @@ def disk_full_during_save_of(step: int, manager: CheckpointManager) -> None:
     manager.save = save
 
 
+def forget_adam(policy: MegatronActor) -> None:
+    """What a fresh optimizer over the current weights has: fp32 copies of the (bf16) weights, zero moments, no
+    steps taken (the lr schedule goes on)."""
+    policy.optimizer.reload_model_params()
+    for opt in getattr(policy.optimizer, "chained_optimizers", [policy.optimizer]):
+        for state in opt.optimizer.state.values():
+            state["exp_avg"].zero_()
+            state["exp_avg_sq"].zero_()
+            state["step"] = torch.zeros_like(state["step"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hf-dir", required=True)
@@ -59,6 +71,9 @@ def main() -> None:
     parser.add_argument("--crash", default="none", help="none | save:K | step:K | disk:K (disk full in save K)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--per-rank", action="store_true", help="the optimizer saved as each rank's own shards")
+    parser.add_argument("--contents", default="model,optimizer,extra", help="what checkpoints hold and resumes load")
+    parser.add_argument("--forget-adam-at", type=int, default=0, help="zero Adam's state before this step's update")
+    parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
     init_distributed()
     layout = ParallelLayout(world_size=dist.get_world_size(), tp=args.tp)
@@ -74,14 +89,15 @@ def main() -> None:
         micro_batch_rows=2,
         loss=LossSettings(kl_loss_coef=0.1),
         reshardable_checkpoint=not args.per_rank,
+        dtype=args.dtype,
     )
     policy = MegatronActor(shape, settings, hf_path=args.hf_dir)
     manager = CheckpointManager(args.root, save_freq=1, keep=3)
     hf_config = json.loads((Path(args.hf_dir) / "config.json").read_text())
-    start = 0
+    start, contents = 0, frozenset(args.contents.split(","))
     resume = manager.resolve_resume("auto")
     if resume is not None:
-        start = manager.load(resume, policy)["data_position"]
+        start = manager.load(resume, policy, contents)["data_position"]
     kind, _, at = args.crash.partition(":")
     if kind == "save":
         crash_during_save_of(int(at))
@@ -94,13 +110,15 @@ def main() -> None:
         batch = with_old_and_ref(batch, log_probs)
         if kind == "step" and step == int(at):
             os._exit(18)
+        if step == args.forget_adam_at:
+            forget_adam(policy)
         metrics = policy.update(batch)
         after, _ = policy.compute_log_prob(batch)
         if dist.get_rank() == 0:
             with open(args.out, "a") as f:
                 f.write(json.dumps({"step": step, "metrics": metrics, "log_probs": after.tolist()}) + "\n")
         try:
-            manager.save(step, policy, {"data_position": step, "hf_config": hf_config, "dtype": "float32"})
+            manager.save(step, policy, {"data_position": step, "hf_config": hf_config, "dtype": args.dtype}, contents)
         except CheckpointSaveError as e:  # as `grpo train` reports it (grpo_core.cli.main)
             print(f"error: {e}", file=sys.stderr)
             sys.exit(1)
