@@ -7,10 +7,12 @@
 # uses; TOKENS-token micro-batches (default 2048). GPU and host memory are sampled every 5 s. Then how fast a
 # 15 GB checkpoint's bytes can be hashed (what manifest verification costs).
 #   bash bench/one_gpu_7b.sh TOKENIZER_DIR DATA_DIR OUT   (HASH=0 skips the hashing)
-# On an H200 node with 125 GiB of host memory the steps run and the end-of-run checkpoint save does not fit
-# (megatron's writer stages the GPU's state on the host, ~142 GiB with each rank's optimizer shards, the
-# smallest form: the dry run says so and refuses); HOST_GIB (default 256) tells the dry run otherwise so that
-# the steps can be measured.
+# The run ends with its checkpoint save, written by the streaming writer: with each rank's optimizer shards
+# (dist_ckpt_optim_fully_reshardable=false) the host holds the CPU optimizer's 57 GiB, the reference's 14 GiB and
+# two tensors in flight (the dry run: 75 GiB of the node's 125). CONTENTS (default [model,extra]) is
+# actor.checkpoint.save_contents: the H200 machine's 64 GiB disk holds the random model (15 GB) and a
+# model-only checkpoint (15 GB), not one with Adam's state (~106 GB). HOST_GIB overrides the node's host memory
+# for the dry run.
 set -uo pipefail
 tok=$1 data=$2 out=$3 work=${WORK:-/tmp/bench-work} model=${WORK:-/tmp/bench-work}/Qwen2.5-7B
 mkdir -p "$out"
@@ -28,7 +30,8 @@ timeout "${TRAIN_S:-420}" python3 -m grpo_core.cli train --config configs/smollm
   +actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=true \
   trainer.default_local_dir="$work/qwen7b_1gpu" trainer.resume_mode=disable trainer.total_training_steps=3 \
   actor_rollout_ref.actor.megatron.dist_ckpt_optim_fully_reshardable=false \
-  trainer.save_freq=-1 trainer.logger=[console] trainer.host_memory_gib="${HOST_GIB:-256}" ${EXTRA:-} > "$out/qwen7b_1gpu.log" 2>&1
+  actor_rollout_ref.actor.checkpoint.save_contents="${CONTENTS:-[model,extra]}" \
+  trainer.save_freq=-1 trainer.logger=[console] ${HOST_GIB:+trainer.host_memory_gib=$HOST_GIB} ${EXTRA:-} > "$out/qwen7b_1gpu.log" 2>&1
 echo "train exit $?"
 kill %1 %2 2>/dev/null
 sync; echo 3 2>/dev/null > /proc/sys/vm/drop_caches && echo "page cache dropped: the first hash reads from disk"

@@ -3,6 +3,7 @@ message each and no traceback."""
 
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -279,6 +280,29 @@ def test_an_override_that_undoes_optimizer_offload_warns(capsys):
     args = [f"{MEGA}optimizer_offload=true", f"+{OPTIM}override_optimizer_config.optimizer_offload_fraction=0.5"]
     assert main(["train", "--config", BASE, *args, "--dry-run"]) == 0
     assert "optimizer_offload=true is overridden by" in capsys.readouterr().out
+
+
+def test_a_checkpoint_that_cannot_fit_the_disk_is_refused_before_the_run(capsys):
+    """The dry run compares a checkpoint's size (weights, + 12 B a parameter of Adam's state) with the free space
+    where it would be written: a real small filesystem, /dev/shm (tmpfs, bounded by the machine's memory)."""
+    free = shutil.disk_usage("/dev/shm").free / 1e9
+    if not 15.3 < free < 45:  # a 7B's weights fit once but not three times, Adam's state not at all
+        pytest.skip(f"/dev/shm has {free:.1f} GB free here")
+    args = [
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B",
+        "trainer.device=cpu",
+        "trainer.default_local_dir=/dev/shm/x",
+    ]
+    assert main(["train", "--config", BASE, *args, "--dry-run"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: a checkpoint of this run takes ~106.6 GB, more than")
+    assert errors[0].endswith("leaves Adam's state out (15.2 GB a checkpoint; a resume then starts Adam afresh)")
+    lean = "actor_rollout_ref.actor.checkpoint.save_contents=[model,extra]"
+    assert main(["train", "--config", BASE, *args, lean, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: 3 checkpoints of ~15.2 GB (trainer.max_actor_ckpt_to_keep=2, and the one being saved)" in out
+    assert main(["train", "--config", BASE, *args, lean, "trainer.max_actor_ckpt_to_keep=null", "--dry-run"]) == 0
+    assert "checkpoints of" not in capsys.readouterr().out
 
 
 def test_host_memory_of_the_cpu_optimizer_is_checked(capsys):

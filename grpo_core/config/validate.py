@@ -10,6 +10,7 @@ import difflib
 import importlib.util
 import os
 import re
+import shutil
 import warnings
 from dataclasses import dataclass, field
 from functools import cache
@@ -27,7 +28,7 @@ from grpo_core.config.schema import CHECKPOINT_CONTENTS, GRPOConfig, iter_settin
 from grpo_core.config.verl_keys import REFUSED_VALUES
 from grpo_core.models.shape import HF_OVERRIDE_SECTION, ModelShape
 from grpo_core.planning.layout import ParallelLayout
-from grpo_core.planning.memory import MemoryEstimate, MemoryOptions, estimate_grpo_memory
+from grpo_core.planning.memory import DTYPE_BYTES, MemoryEstimate, MemoryOptions, estimate_grpo_memory
 from grpo_core.planning.planner import rollout_tp_fits
 from grpo_core.rewards.custom import RewardFileError, load_custom_reward
 from grpo_core.rollout import static as static_engine
@@ -514,7 +515,7 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
         )
         r.errors.append(
             f"a checkpoint save would need an estimated {at_save:.0f} GiB of host memory per node, over 90% of the "
-            f"node's {node:.0f} GiB: megatron's torch_dist save {how}, beside the {host:.0f} GiB of offloaded "
+            f"node's {node:.0f} GiB: the checkpoint save {how}, beside the {host:.0f} GiB of offloaded "
             "state, and the kernel kills the run; use more GPUs, a node with more host memory, or less offload "
             "(ref.megatron.param_offload, optimizer_offload_fraction)"
         )
@@ -524,6 +525,59 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
             f"{node:.0f} GiB (megatron's CPU optimizer alone takes 16 bytes per offloaded parameter); lower "
             "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction, keep the reference "
             "on the GPU (ref.megatron.param_offload=false), or use more GPUs"
+        )
+
+
+ADAM_CHECKPOINT_BYTES = 12  # per parameter: fp32 master copy and both Adam moments, whatever the format
+
+
+def checkpoint_gb(cfg: GRPOConfig, shape: ModelShape) -> float:
+    """GB on disk of one checkpoint of this run: the weights in the training dtype, and the optimizer's state
+    when actor.checkpoint.save_contents holds it."""
+    contents = cfg.actor_rollout_ref.actor.checkpoint.save_contents
+    per_param = DTYPE_BYTES[cfg.actor_rollout_ref.actor.megatron.dtype]
+    per_param += ADAM_CHECKPOINT_BYTES if "optimizer" in contents else 0
+    return shape.num_params * per_param / 1e9
+
+
+def _free_gb(directory: str) -> float | None:
+    """Free space where ``directory`` is or will be created (its nearest existing parent)."""
+    path = Path(directory).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free / 1e9
+    except OSError:
+        return None
+
+
+def _check_checkpoint_disk(cfg: GRPOConfig, shape: ModelShape, r: Report) -> None:
+    """A save that cannot fit fails at the end of a run (its partial directory removed): say so before the start.
+    Only where the run would write (a GPU run's dry run on a laptop says nothing about the cluster's disks)."""
+    import torch
+
+    if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
+        return
+    where = cfg.trainer.default_local_dir or "."
+    if (free := _free_gb(where)) is None:
+        return
+    ckpt, dtype = cfg.actor_rollout_ref.actor.checkpoint, cfg.actor_rollout_ref.actor.megatron.dtype
+    one, keep = checkpoint_gb(cfg, shape), cfg.trainer.max_actor_ckpt_to_keep
+    lean = ""
+    if "optimizer" in ckpt.save_contents:
+        lean = (
+            "; actor_rollout_ref.actor.checkpoint.save_contents=[model,extra] leaves Adam's state out "
+            f"({shape.num_params * DTYPE_BYTES[dtype] / 1e9:.1f} GB a checkpoint; a resume then starts Adam afresh)"
+        )
+    if one > free:
+        r.errors.append(
+            f"a checkpoint of this run takes ~{one:.1f} GB, more than the {free:.1f} GB free for "
+            f"trainer.default_local_dir={where}: its first save would fail; free space or point it elsewhere{lean}"
+        )
+    elif keep is not None and (keep + 1) * one > free:
+        r.warnings.append(
+            f"{keep + 1} checkpoints of ~{one:.1f} GB (trainer.max_actor_ckpt_to_keep={keep}, and the one being "
+            f"saved) exceed the {free:.1f} GB free for trainer.default_local_dir={where}{lean}"
         )
 
 
@@ -673,6 +727,8 @@ def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
         r.errors.append(f"tracking.champion_alpha={cfg.tracking.champion_alpha} must be in (0, 1]")
     layout = actor_layout(cfg)
     _check_batches(cfg, layout, r)
+    if shape is not None:
+        _check_checkpoint_disk(cfg, shape, r)
     if shape is not None and cfg.trainer.nnodes >= 1 and cfg.trainer.n_gpus_per_node >= 1:
         n_layout_errors = len(r.errors)
         _check_layout(cfg, shape, layout, r)
