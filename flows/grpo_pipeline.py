@@ -98,6 +98,7 @@ def grpo_pipeline(
         open_pipeline_run,
         pipeline_key,
         record_results,
+        uplift_line,
     )
 
     log = get_run_logger()
@@ -189,5 +190,6 @@ def grpo_pipeline(
     create_markdown_artifact(report, key="grpo-pipeline-report", description="accuracy, uplift and throughput")
     mlflow_run.finish()
     mlflow_run.close()
-    log.info("\n%s", report)
+    # one line: `grpo pipeline` prints the details itself, and a deployment's run shows the report as an artifact
+    log.info("accuracy %.4f -> %.4f, uplift %s", summary.accuracy_baseline, summary.accuracy, uplift_line(summary))
     return {**asdict(summary), "prefect_flow_run_id": str(flow_run.id)}
