@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,13 +44,20 @@ def test_sbatch_script_for_two_gpu_nodes():
     command = trainer_command("/runs/7/config.yaml", ["trainer.total_training_steps=10"], python="/venv/bin/python")
     options = ["--partition=gpu"]
     text = sbatch_script(
-        command, shape, log_path="/runs/7/slurm-%j.log", time_limit_min=90, port=29400, sbatch_options=options
+        command,
+        shape,
+        log_path="/runs/7/slurm-%j.log",
+        time_limit_min=90,
+        stop_warning_s=300,
+        port=29400,
+        sbatch_options=options,
     )
     for line in [
         "#SBATCH --nodes=2",
         "#SBATCH --ntasks-per-node=1",
         "#SBATCH --gpus-per-node=8",
         "#SBATCH --time=90",
+        "#SBATCH --signal=USR1@300",  # the ranks' warning: finish the step, save it, stop
         "#SBATCH --output=/runs/7/slurm-%j.log",
         "#SBATCH --partition=gpu",
         "export NCCL_DEBUG=WARN",
@@ -58,6 +66,7 @@ def test_sbatch_script_for_two_gpu_nodes():
     ]:
         assert line in text.splitlines(), line
     assert '--node-rank="$SLURM_NODEID"' in text  # expanded per task, not by the batch shell
+    assert 'trap "" USR1; exec "$0" -m torch.distributed.run' in text  # torchrun's agent would die of it
     assert (
         "--nnodes=$SLURM_NNODES --rdzv-backend=c10d --rdzv-endpoint=$head_addr:29400 --rdzv-id=$SLURM_JOB_ID "
         "--rdzv-conf=join_timeout=600 --nproc-per-node=8 --max-restarts=0 "
@@ -194,3 +203,42 @@ def test_two_node_training_through_run_training(slurm_cluster, tmp_path):
     (job_log,) = log_dir.glob("slurm-*.log")
     text = job_log.read_text()
     assert "0: [default0]:" in text and "1: [default0]:" in text  # a rank on each node
+
+
+def test_slurms_early_warning_stops_the_ranks_after_a_saved_step(slurm_cluster, tmp_path):
+    """SIGUSR1 to every process of the job (`scancel --signal=USR1`, what `sbatch --signal=USR1@SECONDS` does
+    before the time limit): torchrun's agents ignore it, the ranks finish their step, save it and stop, and the
+    job completes; without the agents' "ignore" they would die of it and the job fail."""
+    if not TOKENIZER.is_dir():
+        pytest.skip(f"{TOKENIZER} (the shared SmolLM2 tokenizer) is not present")
+    inputs = tiny_model_dir(tmp_path / "model"), capitals_data(tmp_path / "data")
+    run_dir = tmp_path / "run"
+    overrides = [
+        *small_steps(inputs, 40),
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.save_freq=-1",
+        "trainer.nnodes=2",
+        "launch.launcher=slurm",
+        f"launch.rdzv_endpoint=127.0.0.1:{free_port()}",
+        "launch.timeout_s=600",
+        "launch.slurm_time_limit_min=15",
+    ]
+    metrics = run_dir / "metrics.jsonl"
+
+    def warn_when_training() -> None:
+        deadline = time.monotonic() + 300
+        while not (metrics.is_file() and metrics.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        [log] = (run_dir / "launch").glob("slurm-*.log")
+        subprocess.run(["scancel", "--signal=USR1", log.stem.removeprefix("slurm-")], check=True)
+
+    warner = threading.Thread(target=warn_when_training, daemon=True)
+    warner.start()
+    run_training(load_config(None, overrides), None, overrides, extra_env={"OMP_NUM_THREADS": "1"})
+    warner.join()
+    assert "#SBATCH --signal=USR1@300" in (run_dir / "launch" / "job.sbatch").read_text()  # launch.stop_grace_s
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) < 40, steps
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{steps[-1]:06d}"
+    [log] = (run_dir / "launch").glob("slurm-*.log")
+    assert f"SIGUSR1: stopped after step {steps[-1]} of 40, its checkpoint saved" in log.read_text()

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import REPO
@@ -203,10 +204,12 @@ def test_dapo_run_killed_after_a_checkpoint_resumes_exactly(tmp_path, capitals):
     assert "reward/overlong_penalty_mean" in expected and expected["batch/groups_kept"] > 0
 
 
-def test_sigterm_stops_both_ranks_after_a_saved_step_and_the_same_command_resumes(tmp_path, capitals):
-    """SIGTERM to `grpo train` (what `timeout` and Kubernetes send): both ranks finish
-    the step in flight and save it although periodic saves are off; the command exits 143 with one line; run
-    again, it goes on after that step."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1 to every process"])
+def test_a_stop_signal_stops_both_ranks_after_a_saved_step_and_the_same_command_resumes(signum, tmp_path, capitals):
+    """SIGTERM to `grpo train` (what `timeout` and Kubernetes send), or SIGUSR1 to each of its processes (what
+    Slurm's --signal=USR1@SECONDS sends ahead of a time limit; torchrun's agent must not die of it): both ranks
+    finish the step in flight and save it although periodic saves are off; the command exits 128 + the signal
+    with one line; run again, it goes on after that step."""
     model = tiny_model_dir(tmp_path / "model")
     run = tmp_path / "run"
     common = [*base_overrides(model, capitals, 40), "trainer.n_gpus_per_node=2", "trainer.save_freq=-1"]
@@ -217,15 +220,20 @@ def test_sigterm_stops_both_ranks_after_a_saved_step_and_the_same_command_resume
     while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().strip()):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-4000:]
         time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
+    if signum == signal.SIGTERM:
+        proc.send_signal(signum)
+    else:
+        for process in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+            process.send_signal(signum)
     _, stderr = proc.communicate(timeout=600)
-    assert proc.returncode == 128 + signal.SIGTERM, stderr[-4000:]
+    assert proc.returncode == 128 + signum, stderr[-4000:]
+    name = signal.Signals(signum).name
     steps = [m["step"] for m in metrics(run)]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) < 40, steps
     assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{steps[-1]:06d}"
-    assert f"SIGTERM: stopped after step {steps[-1]} of 40, its checkpoint saved" in stderr
+    assert f"{name}: stopped after step {steps[-1]} of 40, its checkpoint saved" in stderr
     [error] = [line for line in stderr.splitlines() if line.startswith("error:")]
-    assert "SIGTERM received; the ranks saved their last step and stopped" in error, stderr[-4000:]
+    assert f"{name} received; the ranks saved their last step and stopped" in error, stderr[-4000:]
     again = grpo_train(run, *common, f"trainer.total_training_steps={steps[-1] + 1}")
     assert again.returncode == 0, again.stderr[-4000:]
     assert "resumed from" in again.stderr

@@ -363,7 +363,9 @@ class LaunchConfig:
     stuck_timeout_s: float | None = setting(1800.0, "fail the job when no rank logs anything for this long")
     timeout_s: float | None = setting(None, "stop the job after this long, as SIGTERM does (null: no limit)")
     stop_grace_s: float = setting(
-        300.0, "after SIGTERM, Ctrl-C or timeout_s: how long the ranks get to finish their step and save it"
+        300.0,
+        "after SIGTERM, SIGUSR1, Ctrl-C or timeout_s: how long the ranks get to finish their step and save it "
+        "(Slurm: SIGUSR1 comes this long before slurm_time_limit_min)",
     )
     slurm_time_limit_min: int = setting(240, "Slurm job time limit, minutes")
     slurm_options: list[str] = setting([], "extra sbatch options, e.g. ['--partition=gpu', '--account=rl']")

@@ -55,6 +55,7 @@ def run_training(
                 log_dir=log_dir,
                 job_name=cfg.trainer.experiment_name,
                 time_limit_min=launch_cfg.slurm_time_limit_min,
+                stop_warning_s=round(launch_cfg.stop_grace_s),
                 port=_port(launch_cfg.rdzv_endpoint) or SLURM_DEFAULT_PORT,
                 sbatch_options=launch_cfg.slurm_options,
                 extra_env=extra_env,

@@ -40,6 +40,7 @@ def sbatch_script(
     log_path: str | Path,
     job_name: str = "grpo",
     time_limit_min: int = 60,
+    stop_warning_s: int | None = None,
     port: int = 29500,
     rank_log_dir: str | Path | None = None,
     rdzv_timeout_s: int = 600,
@@ -49,7 +50,9 @@ def sbatch_script(
 ) -> str:
     """The batch script: ``shape.nnodes`` nodes with one task each (and ``shape.nproc_per_node`` GPUs each on
     cuda), the config's environment exported, and ``srun`` starting torchrun on every node.
-    ``sbatch_options`` are further ``#SBATCH`` options, e.g. ``["--partition=gpu", "--exclusive"]``."""
+    ``stop_warning_s``: Slurm sends SIGUSR1 that long before the time limit, and the ranks finish their step,
+    save it and stop (trainer/stop.py). ``sbatch_options`` are further ``#SBATCH`` options, e.g.
+    ``["--partition=gpu", "--exclusive"]``."""
     argv = torchrun_argv(
         command,
         nproc_per_node=shape.nproc_per_node,
@@ -71,6 +74,8 @@ def sbatch_script(
         f"--time={time_limit_min}",
         f"--output={log_path}",
     ]
+    if stop_warning_s:
+        options.append(f"--signal=USR1@{stop_warning_s}")
     if shape.device == "cuda":
         options.append(f"--gpus-per-node={shape.nproc_per_node}")
     if workdir is not None:
@@ -91,9 +96,10 @@ def sbatch_script(
         f'echo "job $SLURM_JOB_ID: $SLURM_NNODES node(s), rendezvous at $head ($head_addr:{port})"',
         "",
         "# One torchrun agent per node. --node-rank is expanded by each task's shell (srun sets SLURM_NODEID",
-        "# per task), not by this one; the rest of the command line is passed on as arguments.",
+        "# per task), not by this one; the rest of the command line is passed on as arguments. The agent ignores",
+        "# SIGUSR1 (sbatch --signal=USR1@SECONDS warns every process of the job): the ranks save and stop on it.",
         "srun --label --kill-on-bad-exit=1 \\",
-        '  bash -c \'exec "$0" -m torch.distributed.run --node-rank="$SLURM_NODEID" "$@"\' \\',
+        '  bash -c \'trap "" USR1; exec "$0" -m torch.distributed.run --node-rank="$SLURM_NODEID" "$@"\' \\',
         f"  {shlex.quote(python)} \\",
         "  " + " ".join(words),
         "",
@@ -219,6 +225,7 @@ def launch(
     log_dir: str | Path,
     job_name: str = "grpo",
     time_limit_min: int = 60,
+    stop_warning_s: int | None = None,
     port: int = 29500,
     sbatch_options: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
@@ -237,6 +244,7 @@ def launch(
         log_path=log_dir / "slurm-%j.log",
         job_name=job_name,
         time_limit_min=time_limit_min,
+        stop_warning_s=stop_warning_s,
         port=port,
         rank_log_dir=log_dir / "ranks",
         sbatch_options=sbatch_options,

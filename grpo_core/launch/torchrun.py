@@ -195,13 +195,19 @@ def run_node(
         out.write(f"$ {shlex.join(argv)}\n")
         out.flush()
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+            preexec_fn=_ignore_usr1,
         )
         try:
             with _stop_requests() as asked:
                 returncode, guard = _wait(proc, logs, start, timeout_s, stuck_s, poll_s, asked)
                 if guard is not None and guard[0] != "stuck":  # live ranks can still save their step
-                    returncode = _stop_ranks(proc, stop_grace_s)
+                    returncode = _stop_ranks(proc, stop_grace_s, _forwarded(asked))
             if guard is not None and returncode is None:
                 _terminate(proc, grace_s)
         finally:
@@ -269,9 +275,15 @@ def _activity(logs: NodeLogs) -> tuple[int, int]:
     return sizes[0], sizes[1]
 
 
+def _ignore_usr1() -> None:
+    """In torchrun, before it starts: its agent would die of SIGUSR1 (Slurm's early warning, sent to every
+    process of a job), so it and its ranks inherit "ignore" until the trainer's handler takes it (trainer/stop.py)."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 @contextlib.contextmanager
 def _stop_requests() -> Iterator[list[int]]:
-    """SIGTERM or SIGINT to this process append their number to the list (a stop request); a second one
+    """SIGTERM, SIGINT or SIGUSR1 to this process append their number to the list (a stop request); a second one
     raises KeyboardInterrupt, so ``run_node`` kills the job at once. Only the main thread can take signals."""
     asked: list[int] = []
     if threading.current_thread() is not threading.main_thread():
@@ -288,7 +300,7 @@ def _stop_requests() -> Iterator[list[int]]:
             flush=True,
         )
 
-    previous = {sig: signal.signal(sig, ask) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, ask) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     try:
         yield asked
     finally:
@@ -296,12 +308,17 @@ def _stop_requests() -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
-def _stop_ranks(proc: subprocess.Popen, grace_s: float) -> int | None:
-    """SIGTERM each rank (a child of the agent) and wait up to ``grace_s`` for torchrun to exit: its return
-    code, or None if it did not."""
+def _forwarded(asked: list[int]) -> int:
+    """The signal the ranks get: SIGUSR1 as asked (its name then reads the same in their logs), else SIGTERM."""
+    return signal.SIGUSR1 if asked == [signal.SIGUSR1] else signal.SIGTERM
+
+
+def _stop_ranks(proc: subprocess.Popen, grace_s: float, signum: int = signal.SIGTERM) -> int | None:
+    """``signum`` to each rank (a child of the agent), then wait up to ``grace_s`` for torchrun to exit: its
+    return code, or None if it did not."""
     for pid in _children(proc.pid):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signum)
     try:
         return proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
