@@ -531,15 +531,6 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
 ADAM_CHECKPOINT_BYTES = 12  # per parameter: fp32 master copy and both Adam moments, whatever the format
 
 
-def checkpoint_gb(cfg: GRPOConfig, shape: ModelShape) -> float:
-    """GB on disk of one checkpoint of this run: the weights in the training dtype, and the optimizer's state
-    when actor.checkpoint.save_contents holds it."""
-    contents = cfg.actor_rollout_ref.actor.checkpoint.save_contents
-    per_param = DTYPE_BYTES[cfg.actor_rollout_ref.actor.megatron.dtype]
-    per_param += ADAM_CHECKPOINT_BYTES if "optimizer" in contents else 0
-    return shape.num_params * per_param / 1e9
-
-
 def _free_gb(directory: str) -> float | None:
     """Free space where ``directory`` is or will be created (its nearest existing parent)."""
     path = Path(directory).absolute()
@@ -561,13 +552,14 @@ def _check_checkpoint_disk(cfg: GRPOConfig, shape: ModelShape, r: Report) -> Non
     where = cfg.trainer.default_local_dir or "."
     if (free := _free_gb(where)) is None:
         return
-    ckpt, dtype = cfg.actor_rollout_ref.actor.checkpoint, cfg.actor_rollout_ref.actor.megatron.dtype
-    one, keep = checkpoint_gb(cfg, shape), cfg.trainer.max_actor_ckpt_to_keep
+    actor, keep = cfg.actor_rollout_ref.actor, cfg.trainer.max_actor_ckpt_to_keep
+    one = weights = shape.num_params * DTYPE_BYTES[actor.megatron.dtype] / 1e9
     lean = ""
-    if "optimizer" in ckpt.save_contents:
+    if "optimizer" in actor.checkpoint.save_contents:
+        one += shape.num_params * ADAM_CHECKPOINT_BYTES / 1e9
         lean = (
             "; actor_rollout_ref.actor.checkpoint.save_contents=[model,extra] leaves Adam's state out "
-            f"({shape.num_params * DTYPE_BYTES[dtype] / 1e9:.1f} GB a checkpoint; a resume then starts Adam afresh)"
+            f"({weights:.1f} GB a checkpoint; a resume then starts Adam afresh)"
         )
     if one > free:
         r.errors.append(

@@ -272,7 +272,7 @@ class CheckpointManager:
         state saved with it."""
         state = read_trainer_state(path)
         saved = saved_contents(state)
-        for missing in sorted(FULL_CONTENTS - (saved & contents)):
+        for missing in sorted(RESUMED_WITHOUT.keys() - (saved & contents)):  # the model is always loaded
             why = "load_contents leaves it out" if missing in saved else "save_contents did not hold it"
             logger.warning("resuming from %s without its %s (%s): %s", path, missing, why, RESUMED_WITHOUT[missing])
         load_actor_state(path, actor, optimizer="optimizer" in saved & contents)
