@@ -4,11 +4,10 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 
-from grpo_core.launch.run import _follow
+from grpo_core.launch.run import LogEcho
 from grpo_core.quiet import MARK, NOISE, is_marked, is_noise
 from grpo_core.tracking.follow import following, new_rows, step_line
 from tests.conftest import REPO
@@ -59,10 +58,9 @@ def test_the_noise_table_names_the_known_harmless_warnings_only(category, filena
 def test_the_launch_echo_leaves_out_the_lines_ranks_marked_as_library_chatter(tmp_path):
     log = tmp_path / "node0.log"
     log.write_text(f"[default0]:{MARK}UserWarning: Apex is not installed\n[default0]:step 1: reward=0.5\nlast")
-    out, stop = tmp_path / "echo.txt", threading.Event()
-    stop.set()  # copies what is there, then returns
+    out = tmp_path / "echo.txt"
     with out.open("w") as f:
-        _follow(lambda: log, f, stop, 0.01)
+        LogEcho(lambda: log, f).copy(last=True)  # what the echo does once the launch has ended
     assert out.read_text() == "[default0]:step 1: reward=0.5\nlast\n"
     assert is_marked(f"0: [default3]:{MARK}x") and not is_marked("step 1: " + "x" * 50 + MARK)
 

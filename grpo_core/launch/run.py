@@ -14,7 +14,6 @@ is ignored: the job's first node hosts the rendezvous), else torchrun's usual 29
 
 import codecs
 import sys
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, TextIO
 
 from grpo_core.launch import slurm, torchrun
 from grpo_core.launch.common import trainer_command
+from grpo_core.polling import polling
 from grpo_core.quiet import is_marked
 
 SLURM_DEFAULT_PORT = 29500
@@ -94,38 +94,33 @@ def _echoing(enabled: bool, find: Callable[[], Path | None], poll_s: float = 0.2
     if not enabled:
         yield
         return
-    stop = threading.Event()
-    thread = threading.Thread(target=_follow, args=(find, sys.stderr, stop, poll_s), name="launch-echo", daemon=True)
-    thread.start()
-    try:
+    with polling(LogEcho(find, sys.stderr).copy, poll_s, "launch-echo"):
         yield
-    finally:
-        stop.set()
-        thread.join()
 
 
-def _follow(find: Callable[[], Path | None], out: TextIO, stop: threading.Event, poll_s: float) -> None:
-    """Copy whole lines (the last one too, at the end) that are not library chatter."""
-    path, offset, partial = None, 0, ""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a read may end inside a character
-    while True:
-        stopping = stop.is_set()  # read before the last copy, so nothing written before the end is lost
-        path = path or find()
-        if path is not None:
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-            except OSError:
-                data = b""
-            offset += len(data)
-            lines = (partial + decoder.decode(data)).split("\n")
-            partial = lines.pop()
-            if stopping and partial:
-                lines, partial = [*lines, partial], ""
-            if text := "".join(line + "\n" for line in lines if not is_marked(line)):
-                out.write(text)
-                out.flush()
-        if stopping:
+class LogEcho:
+    """Copies whole lines of a growing file (the last one too, at the end) that are not library chatter."""
+
+    def __init__(self, find: Callable[[], Path | None], out: TextIO):
+        self.find, self.out = find, out
+        self.path, self.offset, self.partial = None, 0, ""
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a read may end inside a character
+
+    def copy(self, last: bool) -> None:
+        self.path = self.path or self.find()
+        if self.path is None:
             return
-        stop.wait(poll_s)
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            data = b""
+        self.offset += len(data)
+        lines = (self.partial + self.decoder.decode(data)).split("\n")
+        self.partial = lines.pop()
+        if last and self.partial:
+            lines, self.partial = [*lines, self.partial], ""
+        if text := "".join(line + "\n" for line in lines if not is_marked(line)):
+            self.out.write(text)
+            self.out.flush()

@@ -4,10 +4,11 @@ What ``grpo pipeline`` shows while its training task runs (the ranks' own output
 """
 
 import json
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from grpo_core.polling import polling
 
 # (metric, label, format) of a step line, in order, when the step has it
 STEP_FIELDS = (
@@ -44,28 +45,19 @@ def following(path: str | Path, on_row: Callable[[dict], None], poll_s: float = 
     shown); the rows written before the block ends are shown when it ends. A file replaced meanwhile (the
     trainer rewrites it without an earlier run's later steps) is read from its start."""
     path = Path(path)
-    stop = threading.Event()
 
     def identity() -> int | None:
         return path.stat().st_ino if path.is_file() else None
 
-    def run(file: int | None, offset: int) -> None:
-        while True:
-            stopping = stop.is_set()
-            if (now := identity()) != file:
-                file, offset = now, 0
-            rows, offset = new_rows(path, offset)
-            for row in rows:
-                on_row(row)
-            if stopping:
-                return
-            stop.wait(poll_s)
+    file, offset = identity(), path.stat().st_size if path.is_file() else 0
 
-    start = (identity(), path.stat().st_size if path.is_file() else 0)
-    thread = threading.Thread(target=run, args=start, name="metrics-follow", daemon=True)
-    thread.start()
-    try:
+    def read(_last: bool) -> None:
+        nonlocal file, offset
+        if (now := identity()) != file:
+            file, offset = now, 0
+        rows, offset = new_rows(path, offset)
+        for row in rows:
+            on_row(row)
+
+    with polling(read, poll_s, "metrics-follow"):
         yield
-    finally:
-        stop.set()
-        thread.join()
