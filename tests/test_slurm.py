@@ -176,18 +176,25 @@ def test_a_hanging_job_is_cancelled_by_the_stuck_guard(slurm_cluster, tmp_path):
     assert time.monotonic() - start < 90
 
 
-def test_two_node_training_through_run_training(slurm_cluster, tmp_path):
-    """The real trainer as a Slurm job: every path absolute, as the job starts in this process's directory."""
+def slurm_training(tmp_path: Path, run_dir: Path, steps: int) -> list[str]:
+    """The tiny trainer on the two nodes (skipped without the shared tokenizer)."""
     if not TOKENIZER.is_dir():
         pytest.skip(f"{TOKENIZER} (the shared SmolLM2 tokenizer) is not present")
     inputs = tiny_model_dir(tmp_path / "model"), capitals_data(tmp_path / "data")
-    run_dir = tmp_path / "run"
-    overrides = [
-        *small_steps(inputs, 2),
+    return [
+        *small_steps(inputs, steps),
         f"trainer.default_local_dir={run_dir}",
         "trainer.nnodes=2",
         "launch.launcher=slurm",
         f"launch.rdzv_endpoint=127.0.0.1:{free_port()}",  # Slurm uses its port only
+    ]
+
+
+def test_two_node_training_through_run_training(slurm_cluster, tmp_path):
+    """The real trainer as a Slurm job: every path absolute, as the job starts in this process's directory."""
+    run_dir = tmp_path / "run"
+    overrides = [
+        *slurm_training(tmp_path, run_dir, steps=2),
         "launch.timeout_s=300",
         "launch.slurm_time_limit_min=10",
         "launch.slurm_options=[--comment=grpo-test]",
@@ -209,17 +216,10 @@ def test_slurms_early_warning_stops_the_ranks_after_a_saved_step(slurm_cluster, 
     """SIGUSR1 to every process of the job (`scancel --signal=USR1`, what `sbatch --signal=USR1@SECONDS` does
     before the time limit): torchrun's agents ignore it, the ranks finish their step, save it and stop, and the
     job completes; without the agents' "ignore" they would die of it and the job fail."""
-    if not TOKENIZER.is_dir():
-        pytest.skip(f"{TOKENIZER} (the shared SmolLM2 tokenizer) is not present")
-    inputs = tiny_model_dir(tmp_path / "model"), capitals_data(tmp_path / "data")
     run_dir = tmp_path / "run"
     overrides = [
-        *small_steps(inputs, 40),
-        f"trainer.default_local_dir={run_dir}",
+        *slurm_training(tmp_path, run_dir, steps=40),
         "trainer.save_freq=-1",
-        "trainer.nnodes=2",
-        "launch.launcher=slurm",
-        f"launch.rdzv_endpoint=127.0.0.1:{free_port()}",
         "launch.timeout_s=600",
         "launch.slurm_time_limit_min=15",
     ]
