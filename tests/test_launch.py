@@ -8,6 +8,7 @@ import os
 import shlex
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -161,6 +162,30 @@ def test_heartbeat_keeps_a_silent_job_alive_and_detached_children_are_killed(tmp
     run = run_node(["bash", "-c", script], NodeLogs(tmp_path), stuck_s=3, poll_s=0.2)
     assert run.seconds > 5  # silent for 6 s with stuck_s=3, yet not stuck
     assert not alive(int(orphan.read_text()))
+
+
+def test_a_launcher_killed_outright_takes_its_agent_with_it(tmp_path):
+    """SIGKILL to the launching process (a Prefect worker cancelling a flow run after its grace, the OOM killer)
+    leaves it no time to clean up: the kernel SIGTERMs the agent (PR_SET_PDEATHSIG), which stops its ranks."""
+    agent_pid = tmp_path / "agent.pid"
+    launcher = (
+        "from pathlib import Path\n"
+        "from grpo_core.launch.torchrun import NodeLogs, run_node\n"
+        f"run_node(['bash', '-c', 'echo $$ > {agent_pid}; exec sleep 600'], NodeLogs(Path({str(tmp_path)!r})))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", launcher], cwd=REPO)
+    deadline = time.monotonic() + 60
+    while not (agent_pid.is_file() and agent_pid.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    agent = int(agent_pid.read_text())
+    assert alive(agent)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while alive(agent) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(agent), "the agent outlived its launcher"
 
 
 def test_an_agent_that_fails_before_any_rank_names_its_last_line(tmp_path):

@@ -11,7 +11,9 @@ ask the ranks to stop: they get SIGTERM (the agent does not: it would give them 
 flight, save it and exit; after ``stop_grace_s`` they are killed (a second Ctrl-C kills at once).
 
 Everything the job started is killed at the end, whether it succeeded or not: the agent's process group, and
-every process that carries this launch's ``GRPO_LAUNCH_ID`` in its environment. The latter matters because
+every process that carries this launch's ``GRPO_LAUNCH_ID`` in its environment; and should this process itself
+be killed outright (SIGKILL from a Prefect worker cancelling a flow run, the OOM killer), the agent gets SIGTERM
+from the kernel (``PR_SET_PDEATHSIG``) and stops its ranks. The latter matters because
 torchrun starts each rank in a session of its own and megatron's checkpoint writer leaves a multiprocessing
 manager behind, so a kill of the agent's group alone would miss them.
 
@@ -20,6 +22,7 @@ Simplification: the stuck guard watches output, not progress; a trainer that is 
 """
 
 import contextlib
+import ctypes
 import logging
 import os
 import shlex
@@ -201,7 +204,7 @@ def run_node(
             stderr=subprocess.STDOUT,
             env=full_env,
             start_new_session=True,
-            preexec_fn=_ignore_usr1,
+            preexec_fn=_in_the_agent_before_exec,
         )
         try:
             with _stop_requests() as asked:
@@ -275,9 +278,16 @@ def _activity(logs: NodeLogs) -> tuple[int, int]:
     return sizes[0], sizes[1]
 
 
-def _ignore_usr1() -> None:
-    """In torchrun, before it starts: its agent would die of SIGUSR1 (Slurm's early warning, sent to every
-    process of a job), so it and its ranks inherit "ignore" until the trainer's handler takes it (trainer/stop.py)."""
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None  # loaded here, not after fork
+
+
+def _in_the_agent_before_exec() -> None:
+    """In torchrun's process, before it starts: (1) SIGTERM when this launcher dies, however it dies, so that no
+    job outlives it; (2) ignore SIGUSR1 (Slurm's early warning, sent to every process of a job), which would kill
+    the agent; its ranks inherit "ignore" until the trainer's handler takes it (trainer/stop.py)."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
