@@ -292,13 +292,13 @@ def test_training_state_by_hand():
 def test_activations_and_logits_by_hand():
     shape = shape_of("Qwen/Qwen2.5-0.5B")
     layout = ParallelLayout(world_size=1)
-    # Per token and layer (sdpa, TP=1): replicated 8h = 7168; split 2*(4h + 4kv + 5f)
-    #   = 2*(3584 + 512 + 24320) = 56,832; total 64,000 bytes.
-    # micro-batch 2 x 1024 = 2048 tokens, 24 layers: 64000*2048*24 = 3,145,728,000 B = 2.9296875 GiB
-    assert activation_gib(shape, layout, 2, 1024, MemoryOptions()) == pytest.approx(2.9296875)
+    # Per token and layer (sdpa, TP=1): replicated 8h = 7168; split 2*(4h + 4kv + 3f)
+    #   = 2*(3584 + 512 + 14592) = 37,376; total 44,544 bytes.
+    # micro-batch 2 x 1024 = 2048 tokens, 24 layers: 44544*2048*24 = 2,189,426,688 B = 2.0390625 GiB
+    assert activation_gib(shape, layout, 2, 1024, MemoryOptions()) == pytest.approx(2.0390625)
     # Unfused adds 6 * 14 heads * 1024 = 86,016 B per token and layer: *2048*24 / 2**30 = 3.9375 GiB
     unfused = activation_gib(shape, layout, 2, 1024, MemoryOptions(attention="unfused"))
-    assert unfused == pytest.approx(2.9296875 + 3.9375)
+    assert unfused == pytest.approx(2.0390625 + 3.9375)
     # Logits: 2048 tokens * 151936 vocab * 6 B = 1,866,989,568 B
     assert logits_gib(shape, layout, 2, 1024) == pytest.approx(1_866_989_568 / 2**30)
 
@@ -312,12 +312,12 @@ def test_tp_above_the_kv_heads_by_hand():
     dense, _ = params_per_gpu(shape, ParallelLayout(world_size=1))
     assert params_per_gpu(shape, tp4)[0] == pytest.approx(dense / 4)
     # Activations per token and layer (sdpa, sequence parallel): 8h/4 = 3072 replicated-by-SP,
-    # 2*(4h + 5f)/4 = 2*(6144 + 44800)/4 = 25,472, and k/v of one whole KV head 2*4*128 = 1024
-    # (a 2/4-head share, 512, would be wrong): 29,568 B.
-    assert activation_bytes_per_token_layer(shape, tp4, 1024, MemoryOptions()) == 29_568
-    # At TP=2 the KV term is the share: 2*4*(2/2 * 128) = 1024 too, the rest halves: 6144 + 50,944 + 1024.
+    # 2*(4h + 3f)/4 = 2*(6144 + 26880)/4 = 16,512, and k/v of one whole KV head 2*4*128 = 1024
+    # (a 2/4-head share, 512, would be wrong): 20,608 B.
+    assert activation_bytes_per_token_layer(shape, tp4, 1024, MemoryOptions()) == 20_608
+    # At TP=2 the KV term is the share: 2*4*(2/2 * 128) = 1024 too, the rest halves: 6144 + 33,024 + 1024.
     assert activation_bytes_per_token_layer(shape, ParallelLayout(world_size=2, tp=2), 1024, MemoryOptions()) == (
-        58_112
+        40_192
     )
 
 
@@ -341,10 +341,10 @@ def test_grpo_phases():
     w, g, o = training_state_gib(shape, layout, MemoryOptions())
     assert (est.weights, est.gradients, est.optimizer) == pytest.approx((w, g, o))
     assert est.reference == pytest.approx(w)  # the reference model: a second copy of the weights
-    assert est.activations == pytest.approx(2.9296875)
+    assert est.activations == pytest.approx(2.0390625)
     assert est.logits == pytest.approx(1_866_989_568 / 2**30)
     # free_cache_engine=True: the rollout engine sleeps during the update.
-    update = w + g + o + w + 2.9296875 + 1_866_989_568 / 2**30
+    update = w + g + o + w + 2.0390625 + 1_866_989_568 / 2**30
     assert est.phases["update"] == pytest.approx(update)
     # Generation: the resident training state, the reference and 80 * 0.5 = 40 GiB of rollout engine.
     assert est.phases["generation"] == pytest.approx(w + g + o + w + 40.0)
