@@ -4,7 +4,8 @@ save runs while a thread samples the process's resident set every 5 ms. Prints, 
 resident set just before it (bytes per parameter and GiB) and its seconds. On a GPU the state to save lives in
 GPU memory and megatron's writer copies all of it to the host first; on CPU it is host memory already.
 
-    python3 bench/save_memory.py HF_DIR OUT_DIR [--formats dp_reshardable]   # HF_DIR: bench/random_hf_model.py
+    python3 bench/save_memory.py HF_DIR OUT_DIR [--formats dp_reshardable] [--dtype bfloat16]
+(HF_DIR: e.g. from bench/random_hf_model.py)
 """
 
 import argparse
@@ -62,13 +63,19 @@ def main() -> None:
     p.add_argument("hf_dir")
     p.add_argument("out")
     p.add_argument("--formats", nargs="+", default=["fully_reshardable", "dp_reshardable"])
+    p.add_argument("--dtype", default="float32", help="bfloat16: the trainer's weights, with fp32 masters in Adam")
     args = p.parse_args()
     init_distributed()
     layout = ParallelLayout(world_size=1)
     init_model_parallel(layout, seed=0)
     shape = load_model_shape(args.hf_dir)
     settings = ActorSettings(
-        layout=layout, lr=1e-5, mini_batch_rows=8, micro_batch_rows=8, loss=LossSettings(use_kl_loss=False)
+        layout=layout,
+        dtype=args.dtype,
+        lr=1e-5,
+        mini_batch_rows=8,
+        micro_batch_rows=8,
+        loss=LossSettings(use_kl_loss=False),
     )
     actor = MegatronActor(shape, settings, hf_path=args.hf_dir)
     one_update(actor, shape.vocab_size)

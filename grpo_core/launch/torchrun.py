@@ -11,11 +11,10 @@ ask the ranks to stop: they get SIGTERM (the agent does not: it would give them 
 flight, save it and exit; after ``stop_grace_s`` they are killed (a second Ctrl-C kills at once).
 
 Everything the job started is killed at the end, whether it succeeded or not: the agent's process group, and
-every process that carries this launch's ``GRPO_LAUNCH_ID`` in its environment; and should this process itself
-be killed outright (SIGKILL from a Prefect worker cancelling a flow run, the OOM killer), the agent gets SIGTERM
-from the kernel (``PR_SET_PDEATHSIG``) and stops its ranks. The latter matters because
-torchrun starts each rank in a session of its own and megatron's checkpoint writer leaves a multiprocessing
-manager behind, so a kill of the agent's group alone would miss them.
+every process that carries this launch's ``GRPO_LAUNCH_ID`` in its environment (torchrun starts each rank in a
+session of its own, so a kill of the agent's group alone would miss them). Should this process itself be killed
+outright (SIGKILL from a Prefect worker cancelling a flow run, the OOM killer), the agent gets SIGTERM from the
+kernel (``PR_SET_PDEATHSIG``) and stops its ranks.
 
 Simplification: the stuck guard watches output, not progress; a trainer that is silent for longer than
 ``stuck_s`` (a long checkpoint save, say) should touch ``$GRPO_HEARTBEAT_FILE``.

@@ -2,8 +2,8 @@
 
 SIGTERM comes from ``grpo train``'s own launcher (on Ctrl-C, SIGTERM to it, or ``launch.timeout_s``), from
 Slurm at its time limit or on ``scancel``, from ``timeout`` or Kubernetes. SIGUSR1 is what Slurm sends ahead
-of the time limit when asked (``sbatch --signal=USR1@SECONDS``), to every process of the job: the launchers
-and torchrun's agent ignore it (launch/), the ranks take it as a stop. Killed mid-step, a run loses
+of the time limit when asked (``sbatch --signal=USR1@SECONDS``), to every process of the job: torchrun's agent
+ignores it (launch/torchrun.py), ``grpo train``'s launcher and the ranks take it as a stop. Killed mid-step, a run loses
 everything since its last checkpoint; here the signal only raises a flag, the step in flight finishes, and
 after each step the ranks take the largest flag (one all-reduce), so all of them stop after the same step
 and save it the way a last step is saved.
