@@ -75,6 +75,12 @@ def test_sbatch_script_for_two_gpu_nodes():
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)  # valid shell
 
 
+def test_no_early_warning_where_it_would_come_at_the_start():
+    args = dict(command=[sys.executable, WORKER], shape=JobShape(1, 1, "cpu", {}), log_path="x.log", stop_warning_s=300)
+    assert "#SBATCH --signal=USR1@300" in sbatch_script(**args, time_limit_min=11).splitlines()
+    assert "#SBATCH --signal" not in sbatch_script(**args, time_limit_min=10)  # 300 s of a 600 s job: half of it
+
+
 def test_sbatch_script_on_cpu_asks_for_no_gpus():
     text = sbatch_script([sys.executable, WORKER], JobShape(1, 2, "cpu", {}), log_path="x.log")
     assert "--gpus-per-node" not in text and "#SBATCH --nodes=1" in text

@@ -74,7 +74,7 @@ def sbatch_script(
         f"--time={time_limit_min}",
         f"--output={log_path}",
     ]
-    if stop_warning_s:
+    if stop_warning_s and stop_warning_s < time_limit_min * 60 / 2:  # else the warning would come at the start
         options.append(f"--signal=USR1@{stop_warning_s}")
     if shape.device == "cuda":
         options.append(f"--gpus-per-node={shape.nproc_per_node}")
