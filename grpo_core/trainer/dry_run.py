@@ -9,7 +9,13 @@ from rich.table import Table
 
 from grpo_core.config import GRPOConfig, to_yaml
 from grpo_core.config.load import load_config_with_notes
-from grpo_core.config.validate import Report, check_config, optimizer_offloaded, update_micro_batch
+from grpo_core.config.validate import (
+    Report,
+    check_config,
+    memory_options,
+    optimizer_offloaded,
+    update_micro_batch,
+)
 from grpo_core.models.shape import (
     ModelShape,
     ModelShapeError,
@@ -138,7 +144,7 @@ def _memory_table(run: ResolvedRun) -> Table:
         node = m.host * cfg.trainer.n_gpus_per_node
         table.add_row("host memory per node", f"{node:.1f}", "offloaded state, pinned", style="bold")
         save = m.host_at_save * cfg.trainer.n_gpus_per_node
-        gathered = mega.dist_ckpt_optim_fully_reshardable and "optimizer" in actor.checkpoint.save_contents
+        gathered = memory_options(cfg).reshardable_checkpoint  # as the estimate counted it
         how = "+ the optimizer state gathered" if gathered else "+ two tensors in flight to the files"
         table.add_row("host memory per node, saving", f"{save:.1f}", how)
     return table
