@@ -43,12 +43,14 @@ from pathlib import Path
 
 out = Path(sys.argv[1])
 phases = ("gen", "old_log_prob", "ref", "update", "sync", "step")
-print("| run | step | " + " | ".join(f"{p} s" for p in phases) + " | gc s | tokens/s/GPU | resp len | logprob diff max | peak GiB |")
-print("|" + " --- |" * (len(phases) + 7))
+print("| run | step | " + " | ".join(f"{p} s" for p in phases) + " | gc s | compiles (s) | cudaMalloc (retries) | tokens/s/GPU | resp len | logprob diff max | peak GiB |")
+print("|" + " --- |" * (len(phases) + 9))
 for path in sorted(out.glob("*/metrics.jsonl")):
     for r in (json.loads(line) for line in path.read_text().splitlines()):
         if "timing/gen" in r:
             print(f"| {path.parent.name} | {r['step']} | " + " | ".join(f"{r.get('timing/' + p, 0):.2f}" for p in phases)
-                  + f" | {r.get('perf/gc_s', 0):.2f} | {r['perf/throughput']:,.0f} | {r['response/length_mean']:.0f} | "
+                  + f" | {r.get('perf/gc_s', 0):.2f} | {r.get('perf/compiles', 0):.0f} ({r.get('perf/compile_s', 0):.1f})"
+                  f" | {r.get('perf/cuda_mallocs', 0):.0f} ({r.get('perf/alloc_retries', 0):.0f})"
+                  f" | {r['perf/throughput']:,.0f} | {r['response/length_mean']:.0f} | "
                   f"{r['rollout/log_prob_diff_max']:.2e} | {r.get('perf/max_memory_gib', 0):.1f} |")
 PY

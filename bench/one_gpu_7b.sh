@@ -18,7 +18,9 @@ tok=$1 data=$2 out=$3 work=${WORK:-/tmp/bench-work} model=${WORK:-/tmp/bench-wor
 mkdir -p "$out"
 [ -d "$model" ] || python3 bench/random_hf_model.py --model Qwen/Qwen2.5-7B --tokenizer "$tok" "$model" > /dev/null 2>&1
 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -l 5 > "$out/gpu_mib.txt" &
-vmstat -S M 5 > "$out/vmstat.txt" &
+# host memory by kind: on the H200 machine the run's pinned buffers (CPU optimizer, reference) showed as page cache
+# in vmstat (82 GB of it went at the process's exit), so free memory alone misreads them
+while sleep 5; do awk '/^(MemAvailable|Shmem|AnonPages):/ {printf "%s %d ", $1, $2 / 1024} END {print ""}' /proc/meminfo; done > "$out/meminfo.txt" &
 timeout "${TRAIN_S:-420}" python3 -m grpo_core.cli train --config configs/smollm2_gsm8k_gpu.yaml \
   actor_rollout_ref.model.path="$model" data.train_files="[$data/train.parquet]" data.val_files="[$data/test.parquet]" \
   data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=32 \
@@ -48,8 +50,10 @@ for r in map(json.loads, (out / "qwen7b_1gpu/metrics.jsonl").read_text().splitli
               f"ref {r.get('timing/ref', 0):.1f}, update {r.get('timing/update', 0):.1f}), {r['perf/throughput']:,.0f} tok/s/GPU, "
               f"peak {r.get('perf/max_memory_gib', 0):.1f} GiB")
 gpu = [int(x) for x in (out / "gpu_mib.txt").read_text().split() if x.isdigit()]
-free = [int(line.split()[3]) for line in (out / "vmstat.txt").read_text().splitlines()[2:] if line.split()[3].isdigit()]
-print(f"sampled peaks: GPU {max(gpu, default=0) / 1024:.1f} GiB used, host free min {min(free, default=0) / 1024:.1f} GiB")
+host = [dict(zip(line.split()[::2], map(int, line.split()[1::2]))) for line in (out / "meminfo.txt").read_text().splitlines()]
+peak = lambda key, pick=max: pick((h.get(key, 0) for h in host), default=0) / 1024  # noqa: E731
+print(f"sampled peaks: GPU {max(gpu, default=0) / 1024:.1f} GiB used; host available min {peak('MemAvailable:', min):.1f} GiB, "
+      f"pinned/shared max {peak('Shmem:'):.1f} GiB, anonymous max {peak('AnonPages:'):.1f} GiB")
 files = sorted(model.glob("*.safetensors")) if os.environ.get("HASH", "1") == "1" else []
 size = sum(f.stat().st_size for f in files)
 for name in ("xxh3_128", "sha256", "blake2b"):

@@ -170,7 +170,7 @@ def test_slow_phases_are_warned_about_once_after_the_first_step(caplog):
     warnings = []
     for step in (1, 2, 3):
         caplog.clear()
-        metrics = {k: v for k, v in diag.end_step(step).items() if not k.startswith("perf/gc_")}
+        metrics = {k: v for k, v in diag.end_step(step).items() if not k.startswith("perf/")}
         assert metrics == {"gpu/util_gen": 90.0, "gpu/util_update": 30.0, "gpu/memory_used_gib_max": 2.0}
         warnings.append([r.getMessage() for r in caplog.records if r.levelname == "WARNING"])
     diag.close()
@@ -218,6 +218,11 @@ def test_slow_phases_get_the_guides_remedies():
     assert low.startswith("GPU utilisation below 70% (old_log_prob 55%, update 41%): more work per kernel")
     assert "CUDA_DEVICE_MAX_CONNECTIONS=1 (now 1)" in low
     assert "gradient-accumulation fusion are on by default on GPUs" in low
+    assert "raise actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (now " in low
+    assert "raise actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu" in low and ".ref." not in low
+    budgets = load_config(None, [*CURRENT, "actor_rollout_ref.actor.use_dynamic_bsz=true"])
+    low = advice.low_utilisation_advice(budgets, {"ref": 48.0})  # the 7B run's: it named the micro-batch size
+    assert "raise actor_rollout_ref.ref.log_prob_max_token_len_per_gpu (now " in low and "ppo_micro" not in low
     gen = advice.low_utilisation_advice(cfg, {"gen": 30.0})
     assert "rollout.max_num_seqs (now 256)" in gen and "fusion" not in gen
     comm = advice.comm_share_advice(cfg, {"update": 0.35})
@@ -289,3 +294,36 @@ def test_a_missing_wandb_is_one_error_line_before_launch(monkeypatch, capsys, tm
         "error: Weights & Biases is not installed; trainer.logger=[...,wandb] needs it: "
         "pip install wandb, e.g. pip install -e '.[wandb]'"
     ]
+
+
+def test_compile_work_counts_the_graphs_a_new_shape_compiles_and_nothing_when_guards_hold():
+    from grpo_core.diagnostics.compiles import CompileWork
+
+    double = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    work = CompileWork()
+    double(torch.ones(3))
+    first = work.take()
+    double(torch.ones(3))
+    again = work.take()
+    double(torch.ones(5))  # a new static shape: its guards fail, one more graph
+    new_shape = work.take()
+    assert (first["perf/compiles"], again["perf/compiles"], new_shape["perf/compiles"]) == (1, 0, 1)
+    assert first["perf/compile_s"] > 0 and again["perf/compile_s"] == 0
+
+
+def test_allocator_calls_are_the_steps_deltas_of_the_allocators_counters(monkeypatch):
+    """This machine has no CUDA: the allocator's counters are stood in for (the H200 runs log the real ones)."""
+    from grpo_core.diagnostics import allocator
+
+    readings = iter(
+        [
+            {"num_device_alloc": 10, "num_device_free": 2, "num_alloc_retries": 0},
+            {"num_device_alloc": 14, "num_device_free": 9, "num_alloc_retries": 1},
+            {"num_device_alloc": 14, "num_device_free": 9, "num_alloc_retries": 1},
+        ]
+    )
+    monkeypatch.setattr(allocator.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(allocator.torch.cuda, "memory_stats", lambda: next(readings))
+    calls = allocator.AllocatorCalls()
+    assert calls.take() == {"perf/cuda_mallocs": 4.0, "perf/cuda_frees": 7.0, "perf/alloc_retries": 1.0}
+    assert calls.take() == {"perf/cuda_mallocs": 0.0, "perf/cuda_frees": 0.0, "perf/alloc_retries": 0.0}

@@ -4,7 +4,8 @@
 profiler ranges with the phase, profiles the steps in ``trainer.profile_steps`` (trace and
 communication share, ``profile.py``), explains an error raised in a phase (``advice.py``) on the
 rank's stderr before letting it go on, warns once when the GPUs idle or wait on collectives, and counts the
-step's garbage-collection pauses (``gc_pauses.py``).
+step's hidden costs: garbage-collection pauses (``gc_pauses.py``), torch.compile's work (``compiles.py``)
+and the CUDA allocator's driver calls (``allocator.py``).
 """
 
 import gzip
@@ -28,6 +29,8 @@ from grpo_core.diagnostics.advice import (
     failure_advice,
     low_utilisation_advice,
 )
+from grpo_core.diagnostics.allocator import AllocatorCalls
+from grpo_core.diagnostics.compiles import CompileWork
 from grpo_core.diagnostics.gc_pauses import GcPauses
 from grpo_core.diagnostics.gpu import GpuSampler, gpu_metrics
 from grpo_core.diagnostics.profile import comm_shares, read_trace
@@ -43,6 +46,8 @@ class RunDiagnostics:
         self.cfg, self.shape, self.rank, self.tracker = cfg, shape, rank, tracker
         self.sampler = GpuSampler(cfg.trainer.n_gpus_per_node) if rank == 0 else None
         self.gc = GcPauses()
+        self.compiles = CompileWork()
+        self.allocator = AllocatorCalls()
         self._profiler: torch.profiler.profile | None = None
         self._phases: list[str] = []
         self._warned: set[str] = set()
@@ -81,7 +86,7 @@ class RunDiagnostics:
         """This step's ``gpu/*`` and (profiled steps) ``profile/*`` metrics; rank 0 warns about them once."""
         self._steps += 1
         metrics = gpu_metrics(self.sampler.take()) if self.sampler is not None else {}
-        metrics |= self.gc.take()
+        metrics |= self.gc.take() | self.compiles.take() | self.allocator.take()
         profiled = self._profiler is not None
         if profiled:
             metrics |= self._finish_profile(step)

@@ -59,12 +59,19 @@ def is_comm_failure(error: BaseException) -> bool:
     return isinstance(error, backend_error) or (isinstance(error, RuntimeError) and timed_out)
 
 
-def _log_prob_batch_remedy(section, phase: str) -> str:
-    """Lower the log-prob pass's token budget when it has one, else its micro-batch size."""
+def _log_prob_batch_remedy(section, phase: str, verb: str = "lower") -> str:
+    """Lower (or raise) the log-prob pass's token budget when it has one, else its micro-batch size."""
     key = f"actor_rollout_ref.{'rollout' if phase == 'old_log_prob' else 'ref'}"
     if section.log_prob_use_dynamic_bsz:
-        return f"lower {key}.log_prob_max_token_len_per_gpu (now {section.log_prob_max_token_len_per_gpu})"
-    return f"lower {key}.log_prob_micro_batch_size_per_gpu (now {section.log_prob_micro_batch_size_per_gpu})"
+        return f"{verb} {key}.log_prob_max_token_len_per_gpu (now {section.log_prob_max_token_len_per_gpu})"
+    return f"{verb} {key}.log_prob_micro_batch_size_per_gpu (now {section.log_prob_micro_batch_size_per_gpu})"
+
+
+def _update_batch_remedy(actor, verb: str = "lower") -> str:
+    """Lower (or raise) the update's token budget when it has one, else its micro-batch size."""
+    if actor.use_dynamic_bsz:
+        return f"{verb} actor_rollout_ref.actor.ppo_max_token_len_per_gpu (now {actor.ppo_max_token_len_per_gpu})"
+    return f"{verb} actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (now {actor.ppo_micro_batch_size_per_gpu})"
 
 
 def oom_advice(cfg: GRPOConfig, phase: str, rank: int, estimate: MemoryEstimate | None) -> str:
@@ -79,11 +86,9 @@ def oom_advice(cfg: GRPOConfig, phase: str, rank: int, estimate: MemoryEstimate 
             f"{estimate.peak:.1f} GiB, {estimate.peak_phase}) against trainer.gpu_memory_gib={gpu:g}."
         )
     remedies = []
-    if phase == "update" and actor.use_dynamic_bsz:
-        remedies.append(
-            f"lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu (now {actor.ppo_max_token_len_per_gpu})"
-        )
-    elif phase == "update" or (phase == "old_log_prob" and not rollout.log_prob_use_dynamic_bsz):
+    if phase == "update":
+        remedies.append(_update_batch_remedy(actor))
+    elif phase == "old_log_prob" and not rollout.log_prob_use_dynamic_bsz:
         micro = actor.ppo_micro_batch_size_per_gpu
         remedies.append(f"lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (now {micro})")
     if phase in ("old_log_prob", "ref"):
@@ -146,7 +151,7 @@ def low_utilisation_advice(cfg: GRPOConfig, utilisation: dict[str, float]) -> st
             f"(data.train_batch_size now {cfg.data.train_batch_size}, rollout.n now {r.n}), rollout.max_num_seqs "
             f"(now {r.max_num_seqs}), or the vllm engine (now {r.name})"
         )
-    return f"{head}: {_training_remedies(cfg)}"
+    return f"{head}: {_training_remedies(cfg, list(utilisation))}"
 
 
 def comm_share_advice(cfg: GRPOConfig, shares: dict[str, float]) -> str:
@@ -155,17 +160,25 @@ def comm_share_advice(cfg: GRPOConfig, shares: dict[str, float]) -> str:
     phases = ", ".join(f"{phase} {share:.0%}" for phase, share in shares.items())
     return (
         f"collectives take over {HIGH_COMM_SHARE:.0%} of the time ({phases}): keep TP inside a node and as small "
-        f"as memory allows (TP now {m.tensor_model_parallel_size}); {_training_remedies(cfg)}"
+        f"as memory allows (TP now {m.tensor_model_parallel_size}); {_training_remedies(cfg, list(shares))}"
     )
 
 
-def _training_remedies(cfg: GRPOConfig) -> str:
-    actor = cfg.actor_rollout_ref.actor
+def _training_remedies(cfg: GRPOConfig, phases: list[str]) -> str:
+    """The guide's remedies for slow training phases: bigger micro-batches (the settings that size ``phases``'),
+    fewer optimizer steps, one work queue, the fusions."""
+    arr = cfg.actor_rollout_ref
+    sizes = [_update_batch_remedy(arr.actor, "raise")] if "update" in phases or not phases else []
+    sizes += [
+        _log_prob_batch_remedy(getattr(arr, section), phase, "raise")
+        for phase, section in (("old_log_prob", "rollout"), ("ref", "ref"))
+        if phase in phases
+    ]
     prefix = "+actor_rollout_ref.actor.megatron.override_transformer_config."
     connections = cfg.trainer.env.get("CUDA_DEVICE_MAX_CONNECTIONS", "unset")
     return (
-        f"more work per kernel: raise ppo_micro_batch_size_per_gpu (now {actor.ppo_micro_batch_size_per_gpu}) or "
-        f"accumulate more micro-batches per step (ppo_mini_batch_size now {actor.ppo_mini_batch_size}); "
+        f"more work per kernel: {', '.join(sizes)}; or "
+        f"accumulate more micro-batches per step (ppo_mini_batch_size now {arr.actor.ppo_mini_batch_size}); "
         f"trainer.env.CUDA_DEVICE_MAX_CONNECTIONS=1 (now {connections}); RoPE, SwiGLU, RMSNorm and "
         f"gradient-accumulation fusion are on by default on GPUs ({prefix}<flag>=false turns one off)"
     )
