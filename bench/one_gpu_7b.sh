@@ -3,13 +3,14 @@
 # 64 prompts x 8 samples x 256 tokens as bench/grpo_step.sh): megatron's hybrid CPU optimizer steps FRACTION
 # (default 0.5) of Adam on the host, asked for through override_optimizer_config with
 # megatron.optimizer_offload off, so the optimizer's GPU side (fp32 masters, the rest of Adam) stays on the GPU
-# and the host holds only the CPU optimizer's 16 B per parameter; the reference model in host memory between
+# and the host holds only the CPU optimizer's 16 B per parameter (8 pinned per tensor, rounded up to powers of
+# two); the reference model in host memory between
 # uses; TOKENS-token micro-batches (default 2048). GPU and host memory are sampled every 5 s. Then how fast a
 # 15 GB checkpoint's bytes can be hashed (what manifest verification costs).
 #   bash bench/one_gpu_7b.sh TOKENIZER_DIR DATA_DIR OUT   (HASH=0 skips the hashing)
 # The run ends with its checkpoint save, written by the streaming writer: with each rank's optimizer shards
-# (dist_ckpt_optim_fully_reshardable=false) the host holds the CPU optimizer's 57 GiB, the reference's 14 GiB and
-# two tensors in flight (the dry run: 75 GiB of the node's 125). CONTENTS (default [model,extra]) is
+# (dist_ckpt_optim_fully_reshardable=false) the host holds the CPU optimizer's 82 GiB, the reference's 14 GiB and
+# two tensors in flight (the dry run: 100 GiB of the node's 125). CONTENTS (default [model,extra]) is
 # actor.checkpoint.save_contents: the H200 machine's 64 GiB disk holds the random model (15 GB) and a
 # model-only checkpoint (15 GB), not one with Adam's state (~106 GB). HOST_GIB overrides the node's host memory
 # for the dry run.

@@ -470,3 +470,19 @@ def test_swiglu_backward_is_the_autograd_gradient_of_silu_gate_times_up():
     gate, up = y.chunk(2, -1)
     (torch.nn.functional.silu(gate) * up).backward(g)
     torch.testing.assert_close(fused._swiglu_back(g, y.detach()), y.grad, atol=1e-12, rtol=0)
+
+
+def test_host_copies_lie_end_to_end_in_power_of_two_chunks(monkeypatch):
+    """Storages of several dtypes cross chunk boundaries and come back whole; the host holds their bytes in
+    full chunks and one last power of two (torch's pinned allocator would round each storage up instead)."""
+    from grpo_core.actor import offload
+
+    monkeypatch.setattr(offload, "CHUNK_BYTES", 16)
+    tensors = [torch.arange(10, dtype=torch.float32), torch.arange(6, dtype=torch.int16), torch.arange(3.0).double()]
+    before = [t.clone() for t in tensors]
+    host = offload.HostOffloader(frozen=True)
+    assert host.offload(tensors) == 40 + 12 + 24
+    assert [chunk.numel() for chunk in host._host] == [16, 16, 16, 16, 16]  # 76 bytes: four full chunks, 12 -> 16
+    assert all(t.untyped_storage().size() == 0 for t in tensors)
+    assert host.reload() == 76 and all(torch.equal(t, b) for t, b in zip(tensors, before, strict=True))
+    assert [c.numel() for c in offload.host_chunks(16 * 3 + 5)] == [16, 16, 16, 8]

@@ -307,8 +307,9 @@ def test_a_checkpoint_that_cannot_fit_the_disk_is_refused_before_the_run(capsys)
 
 def test_host_memory_of_the_cpu_optimizer_is_checked(capsys):
     # Qwen2.5-7B, one GPU, 3/4 of Adam on the CPU, reference offloaded: on the H200 node (125 GiB of host memory)
-    # the kernel killed this run in its first update. 16 B x 7.62e9 x 0.75 = 85 GiB for megatron's CPU optimizer,
-    # + the optimizer's GPU side between updates (fp32 master 28.4 + Adam 0.25 x 56.8) + the reference 14.2.
+    # the kernel killed this run in its first update. Megatron's CPU optimizer: 0.75 x 7.62e9 x (8 B pinned per
+    # tensor, rounded up to powers of two: x1.886, + Adam's 8 B) = 123 GiB; + the optimizer's GPU side between
+    # updates (fp32 master 28.4 + Adam 0.25 x 56.8) + the reference 14.2.
     args = [
         "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B",
         "trainer.host_memory_gib=125",
@@ -320,17 +321,18 @@ def test_host_memory_of_the_cpu_optimizer_is_checked(capsys):
     one_gpu = str(REPO / "configs" / "smollm2_gsm8k_gpu.yaml")  # one H200 (140 GiB), bf16
     assert main(["train", "--config", one_gpu, *args, "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert "estimated 142 GiB of pinned host memory per node" in err and "exceeds 90% of the node's 125 GiB" in err
+    assert "estimated 180 GiB of host memory per node" in err and "exceeds 90% of the node's 125 GiB" in err
     # the same on a node with 256 GiB, saving each rank's optimizer shards: the table shows the figure
     per_rank = f"{MEGA}dist_ckpt_optim_fully_reshardable=false"
     assert main(["train", "--config", one_gpu, *args, "trainer.host_memory_gib=256", per_rank, "--dry-run"]) == 0
     assert "host memory per node" in capsys.readouterr().out
     # The hybrid optimizer asked for through override_optimizer_config, optimizer_offload off: its GPU side stays
-    # on the GPU and the host holds 0.5 x 16 B x 7.62e9 = 56.8 GiB + the reference 14.2 = 71 GiB. On the H200 node
-    # this trained at 3,800 tokens/s (bench/one_gpu_7b.sh) and was killed in its checkpoint save, when megatron's
-    # writer staged the GPU's weights, fp32 masters and half of Adam on the host too (142 GiB). Saved as each
-    # rank's shards by the streaming writer, two tensors are in flight at most (2 x the fp32 embedding, 4.1 GiB):
-    # 75 GiB; gathered into the reshardable form, 36 B per parameter (255 GiB) instead: 326 GiB.
+    # on the GPU and the host holds 0.5 x 7.62e9 x (8 B x 1.886 + 8 B) = 81.9 GiB + the reference 14.2 = 96 GiB
+    # (measured on the H200 node, bench/one_gpu_7b.sh: ~82 GB pinned, the reference's copy then per tensor too,
+    # and ~34 GB pageable). Megatron's writer then killed it in its checkpoint save, staging the GPU's weights,
+    # fp32 masters and half of Adam on the host too. Saved as each rank's shards by the streaming writer, two
+    # tensors are in flight at most (2 x the fp32 embedding, 4.1 GiB): 100 GiB, and it saved; gathered into
+    # the reshardable form, 36 B per parameter (255 GiB) instead: 351 GiB.
     resident = [a for a in args if "megatron.optimizer_offload" not in a and "fraction" not in a]
     resident += [
         "actor_rollout_ref.rollout.name=static",
@@ -340,12 +342,12 @@ def test_host_memory_of_the_cpu_optimizer_is_checked(capsys):
     ]
     assert main(["train", "--config", one_gpu, *resident, "trainer.host_memory_gib=256", "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert "a checkpoint save would need an estimated 326 GiB of host memory per node" in err, err
+    assert "a checkpoint save would need an estimated 351 GiB of host memory per node" in err, err
     assert "gathers the optimizer state into a layout-independent form (36 bytes per parameter" in err
     assert "dist_ckpt_optim_fully_reshardable=false saves each rank's shards instead" in err
     assert main(["train", "--config", one_gpu, *resident, per_rank, "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"host memory per node\s*│\s*70\.9", out) and re.search(r"saving\s*│\s*75\.0", out), out
+    assert re.search(r"host memory per node\s*│\s*96\.1", out) and re.search(r"saving\s*│\s*100\.1", out), out
     assert "two tensors in flight" in out
     assert "50% of Adam" in out and "between updates" not in out  # stepped on the CPU; stays on the GPU
 

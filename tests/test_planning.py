@@ -15,6 +15,7 @@ from grpo_core.planning.memory import (
     forward_backward_peak_gib,
     logits_gib,
     params_per_gpu,
+    pinned_rounding,
     rollout_gib,
     rollout_params_per_gpu,
     training_state_gib,
@@ -401,3 +402,14 @@ def test_embedding_and_loss_counted_as_layers_in_the_pipeline_split():
     one = layout.problems(shape, pipeline_extra_layers=1)  # 95 % 8
     assert one and "layers (with the embedding/loss counted as layers) (95)" in one[0]
     assert "cannot be combined" in layout.problems(shape, (11, 11), pipeline_extra_layers=2)[0]
+
+
+def test_pinned_rounding_by_hand():
+    """h=4 (2 heads of 2, 1 KV head), f=6, vocab 16, one layer, untied; fp32 bytes per tensor: embedding and
+    output 256 each, QKV 4x8x4=128, o 64, norms 16 x3, fc1 2x6x4x4=192 -> 256, fc2 96 -> 128: 1136 / 1040."""
+    shape = ModelShape("llama", 4, 1, 2, 1, 2, 6, 16, False, 64)
+    assert pinned_rounding(shape, ParallelLayout(world_size=1)) == pytest.approx(1136 / 1040)
+    # split over 3 shards: 85.3 -> 128 twice, 42.7 -> 64, 21.3 -> 32, 5.3 -> 8 x3, 64, 32: 472 / (1040 / 3)
+    assert pinned_rounding(shape, ParallelLayout(world_size=3), shards=3) == pytest.approx(472 * 3 / 1040)
+    # Qwen2.5-7B's fp32 tensors on one GPU: megatron's CPU optimizer pins ~1.89x their bytes
+    assert pinned_rounding(shape_of("Qwen/Qwen2.5-7B"), ParallelLayout(world_size=1)) == pytest.approx(1.886, abs=1e-3)

@@ -8,14 +8,33 @@ and copies the host copy in. The generation phase uses the freed memory for the 
 
 import torch
 
+# Pinned host memory comes from torch's caching host allocator, which rounds every request up to a power of
+# two: a per-tensor copy of Qwen2.5-7B's bf16 weights (a 1.04 GiB embedding, 259 MiB MLP matrices) pins 26.8 GiB
+# for 14.2. Host copies live in chunks of this power-of-two size instead; only the last chunk is rounded.
+CHUNK_BYTES = 1 << 28
 
-def _storages(tensors) -> list[torch.Tensor]:
-    """One tensor per distinct underlying storage (a flat buffer shared by many views counts once)."""
-    seen: dict[int, torch.Tensor] = {}
+
+def _storages(tensors) -> list[torch.UntypedStorage]:
+    """Each distinct underlying storage once (a flat buffer shared by many views counts once)."""
+    seen: dict[int, torch.UntypedStorage] = {}
     for t in tensors:
         if t is not None and t.untyped_storage().size() > 0:
-            seen.setdefault(t.untyped_storage().data_ptr(), t)
+            seen.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage())
     return list(seen.values())
+
+
+def _bytes(storage: torch.UntypedStorage) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def host_chunks(total: int) -> list[torch.Tensor]:
+    """``total`` bytes of host memory (pinned where there is a GPU) as byte tensors of ``CHUNK_BYTES``, the
+    last one the smallest power of two that holds the rest."""
+    pin = torch.cuda.is_available()
+    sizes = [CHUNK_BYTES] * (total // CHUNK_BYTES)
+    if rest := total % CHUNK_BYTES:
+        sizes.append(1 << (rest - 1).bit_length())
+    return [torch.empty(size, dtype=torch.uint8, pin_memory=pin) for size in sizes]
 
 
 class HostOffloader:
@@ -27,38 +46,47 @@ class HostOffloader:
 
     def __init__(self, frozen: bool = False) -> None:
         self.frozen = frozen
-        self._copies: list[tuple[torch.UntypedStorage, torch.UntypedStorage]] = []
+        self._storages: list[torch.UntypedStorage] = []
+        self._sizes: list[int] = []
+        self._host: list[torch.Tensor] = []
         self.offloaded = False
+
+    def _pieces(self):
+        """(storage, its byte range, host chunk, offset in it): the storages laid end to end over the chunks."""
+        position = 0
+        for storage, size in zip(self._storages, self._sizes, strict=True):
+            start = 0
+            while start < size:
+                chunk, offset = divmod(position, CHUNK_BYTES)
+                length = min(size - start, CHUNK_BYTES - offset)
+                yield storage, slice(start, start + length), self._host[chunk], slice(offset, offset + length)
+                start, position = start + length, position + length
 
     def offload(self, tensors) -> int:
         if self.offloaded:
             return 0
-        if not self._copies:
-            for t in _storages(tensors):
-                storage = t.untyped_storage()
-                host = torch.UntypedStorage(storage.size(), device="cpu")
-                host.copy_(storage)
-                if torch.cuda.is_available():
-                    host = host.pin_memory()
-                self._copies.append((storage, host))
-        freed = 0
-        for storage, _ in self._copies:
-            freed += storage.size()
+        if not self._storages:
+            self._storages = _storages(tensors)
+            self._sizes = [storage.size() for storage in self._storages]
+            self._host = host_chunks(sum(self._sizes))
+            for storage, part, chunk, place in self._pieces():
+                chunk[place].copy_(_bytes(storage)[part])
+        for storage in self._storages:
             storage.resize_(0)
         self.offloaded = True
-        return freed
+        return sum(self._sizes)
 
     def reload(self) -> int:
         if not self.offloaded:
             return 0
-        moved = 0
-        for storage, host in self._copies:
-            storage.resize_(host.size())
-            storage.copy_(host)
-            moved += host.size()
+        for storage, size in zip(self._storages, self._sizes, strict=True):
+            storage.resize_(size)
+        for storage, part, chunk, place in self._pieces():
+            _bytes(storage)[part].copy_(chunk[place])
+        moved = sum(self._sizes)
         self.offloaded = False
         if not self.frozen:
-            self._copies.clear()
+            self._storages, self._sizes, self._host = [], [], []
         return moved
 
 

@@ -9,17 +9,19 @@ master weights, which megatron's distributed optimizer holds there unless TE's p
 used, and the Adam states not offloaded) goes to host memory between updates, unless ``optimizer_stays``
 (the hybrid optimizer asked for through override_optimizer_config, ``megatron.optimizer_offload`` off:
 then that side stays on the GPU and the host holds only the hybrid optimizer's share). The hybrid optimizer's host
-side is 16 bytes per offloaded parameter (fp32 copy, fp32 gradient, two Adam moments), all pinned: on an
-H200 node with 125 GiB of host memory a 7B at fraction 0.75 was killed by the kernel's OOM killer, and at
-0.5 it trained (3,800 tokens/s) and was killed in its checkpoint save, which stages the GPU's state on the host.
+side is 16 bytes per offloaded parameter: a pinned fp32 copy and fp32 gradient per tensor, which torch's pinned
+allocator rounds up to a power of two each (``pinned_rounding``: 1.89x for Qwen2.5-7B), and two Adam moments
+in pageable memory. On an H200 node with 125 GiB of host memory a 7B at fraction 0.5 trained and saved its
+checkpoint holding ~82 GB pinned and ~34 GB pageable; at 0.75 it was killed by the kernel's OOM killer.
 The peak is the largest phase.
 
-Activation sizes are per token and layer, in bytes of 16-bit activations: ``2 * (8h + 4kv + 5f)``
+Activation sizes are per token and layer, in bytes of 16-bit activations: ``2 * (8h + 4kv + 3f)``
 (h: hidden, kv: key/value width, f: MLP width), plus ``6 * heads * seq`` when the attention matrix is
 materialised. The constants were fitted to measured H200 peaks (see ``tests/test_planning.py``);
 ``h``-sized terms are replicated across TP ranks unless sequence parallelism is on.
 """
 
+import math
 from dataclasses import dataclass, field
 
 from grpo_core.models.shape import ModelShape
@@ -38,7 +40,7 @@ GRAD_BYTES = 4  # megatron accumulates and reduces gradients in fp32 ("main_grad
 RESHARDABLE_SAVE_BYTES = 36
 STREAM_SAVE_THREADS = 2
 ADAM_BYTES = 8  # exp_avg + exp_avg_sq in fp32
-HYBRID_HOST_BYTES = 16  # megatron's CPU optimizer per offloaded parameter: fp32 copy, fp32 grad, Adam's two
+HYBRID_PINNED_BYTES = 8  # megatron's CPU optimizer per offloaded parameter: fp32 copy and grad, pinned per tensor
 MASTER_BYTES = 4  # fp32 master weights, when training in 16-bit
 LOGIT_BYTES = 6  # per vocab entry and token: 16-bit logits and, in backward, their gradient twice (actor/logprobs.py)
 PLAIN_CE_LOGIT_BYTES = 10  # a plain cross-entropy's: 16-bit logits, their fp32 copy for the loss, its fp32 gradient
@@ -103,6 +105,27 @@ def params_per_gpu(shape: ModelShape, layout: ParallelLayout) -> tuple[float, fl
     dense = layers * per_layer_dense + vocab_matrices * shape.vocab_size * shape.hidden_size
     expert = layers * shape.expert_params_per_layer
     return dense / layout.tp, expert / (layout.ep * layout.etp)
+
+
+def param_tensor_sizes(shape: ModelShape, layout: ParallelLayout) -> list[float]:
+    """Elements of each parameter tensor one GPU of the heaviest pipeline stage holds."""
+    h, tp = shape.hidden_size, layout.tp
+    q, kv = shape.num_attention_heads * shape.head_dim, 2 * shape.num_kv_heads * shape.head_dim
+    layer = [h * (q + kv) / tp, q * h / tp, h, h] + ([(q + kv) / tp] if shape.qkv_bias else [])
+    if shape.is_moe:
+        f, experts = shape.moe_ffn_hidden_size / layout.etp, shape.num_experts // layout.ep
+        layer += [2 * f * h, f * h] * experts + [shape.num_experts * h]
+    else:
+        layer += [2 * shape.ffn_hidden_size * h / tp, shape.ffn_hidden_size * h / tp]
+    vocab_matrices = 1 if layout.pp > 1 or shape.tie_embeddings else 2
+    return [shape.vocab_size * h / tp] * vocab_matrices + layer * round(shape.num_layers / layout.pp) + [h]
+
+
+def pinned_rounding(shape: ModelShape, layout: ParallelLayout, shards: int = 1, element_bytes: int = 4) -> float:
+    """Host bytes over tensor bytes when each parameter tensor (split into ``shards``) is copied to pinned memory
+    on its own: torch's pinned allocator rounds every request up to a power of two."""
+    sizes = [max(1.0, n * element_bytes / shards) for n in param_tensor_sizes(shape, layout)]
+    return sum(2 ** math.ceil(math.log2(b)) for b in sizes) / sum(sizes)
 
 
 def activation_bytes_per_token_layer(
@@ -225,8 +248,9 @@ def estimate_grpo_memory(
     between = 0 if moved else optimizer
     resident = (0 if opts.param_offload else weights) + (0 if opts.grad_offload else grads) + between
     ref_resident = 0 if ref_offload else reference
-    hybrid = float(opts.optimizer_offload) * HYBRID_HOST_BYTES * weights / DTYPE_BYTES[opts.dtype]
-    hybrid /= layout.dp if opts.use_distributed_optimizer else 1
+    shards = layout.dp if opts.use_distributed_optimizer else 1
+    per_param = HYBRID_PINNED_BYTES * pinned_rounding(shape, layout, shards) + ADAM_BYTES
+    hybrid = float(opts.optimizer_offload) * per_param * weights / DTYPE_BYTES[opts.dtype] / shards
     ref_host = reference if with_reference and ref_offload else 0
     gathered = RESHARDABLE_SAVE_BYTES * sum(params_per_gpu(shape, layout)) / GiB
     streamed = STREAM_SAVE_THREADS * 4 * shape.vocab_size * shape.hidden_size / layout.tp / GiB

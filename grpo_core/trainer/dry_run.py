@@ -142,7 +142,7 @@ def _memory_table(run: ResolvedRun) -> Table:
         table.add_row(f"phase: {phase}", f"{gib:.1f}", "peak" if phase == m.peak_phase else "", style="bold")
     if m.host:
         node = m.host * cfg.trainer.n_gpus_per_node
-        table.add_row("host memory per node", f"{node:.1f}", "offloaded state, pinned", style="bold")
+        table.add_row("host memory per node", f"{node:.1f}", "offloaded state", style="bold")
         save = m.host_at_save * cfg.trainer.n_gpus_per_node
         gathered = memory_options(cfg).reshardable_checkpoint  # as the estimate counted it
         how = "+ the optimizer state gathered" if gathered else "+ two tensors in flight to the files"
