@@ -53,4 +53,15 @@ for path in sorted(out.glob("*/metrics.jsonl")):
                   f" | {r.get('perf/cuda_mallocs', 0):.0f} ({r.get('perf/alloc_retries', 0):.0f})"
                   f" | {r['perf/throughput']:,.0f} | {r['response/length_mean']:.0f} | "
                   f"{r['rollout/log_prob_diff_max']:.2e} | {r.get('perf/max_memory_gib', 0):.1f} |")
+# the static engine's parts of the gen phase; "rest": gathering, decoding the texts and scoring them
+parts = ("capture", "prefill", "decode", "collect")
+print("\n| run | step | gen s | " + " | ".join(f"{p} s" for p in parts) + " | rest s | decode ms/step |")
+print("|" + " --- |" * (len(parts) + 5))
+for path in sorted(out.glob("*/metrics.jsonl")):
+    for r in (json.loads(line) for line in path.read_text().splitlines()):
+        if "rollout/decode_s" in r:
+            seconds = [r.get(f"rollout/{p}_s", 0) for p in parts]
+            per_step = 1e3 * r["rollout/decode_s"] / max(r.get("rollout/decode_steps", 1), 1)
+            print(f"| {path.parent.name} | {r['step']} | {r['timing/gen']:.2f} | " + " | ".join(f"{x:.2f}" for x in seconds)
+                  + f" | {r['timing/gen'] - sum(seconds):.2f} | {per_step:.2f} |")
 PY

@@ -97,10 +97,15 @@ def test_attended_length_grows_with_the_written_slots(tmp_path, monkeypatch):
 
     monkeypatch.setattr(static, "LENGTH_BUCKET", 4)
     monkeypatch.setattr(static.StaticEngine, "_decode", recording)
-    gen = engine_for(model, shape, stop_ids=[511], max_batch_size=4).generate(PROMPTS, settings)
+    engine = engine_for(model, shape, stop_ids=[511], max_batch_size=4)
+    gen = engine.generate(PROMPTS, settings)
 
     # chunks: prompts 0 and 1 (left-padded to 5), then prompt 2 (9); 19 decode steps each
     slots = [*range(5, 24), *range(9, 28)]
+    parts = engine.take_timings()  # the loop logs these beside timing/gen
+    assert parts.pop("rollout/decode_steps") == 38 and engine.take_timings() == {}
+    assert sorted(parts) == [f"rollout/{p}_s" for p in ("capture", "collect", "decode", "prefill")]
+    assert all(seconds > 0 for seconds in parts.values())
     assert attended == [(slot, (slot // 4 + 1) * 4) for slot in slots]  # slot + 1 rounded up to 4
     assert [length for _, length in attended[:19]] == [8] * 3 + [12] * 4 + [16] * 4 + [20] * 4 + [24] * 4
     assert gen.response_ids == whole.response_ids

@@ -325,6 +325,9 @@ def test_static_engine_starts_from_the_actors_weights(tmp_path, capitals):
     assert rows[0]["val/response_length_mean"] > 0
     for m in rows[1:]:
         assert m["rollout/log_prob_diff_max"] < 1e-3, m
+        # the engine's parts of the step's generation (validation's own before step 1 not among them)
+        parts = sum(m[f"rollout/{part}_s"] for part in ("capture", "prefill", "decode", "collect"))
+        assert 0 < m["rollout/decode_s"] < parts < m["timing/gen"] and m["rollout/decode_steps"] > 0, m
 
 
 def test_missing_data_is_one_line_and_exit_2(tmp_path, capitals):

@@ -22,6 +22,8 @@ graphs stay valid. On a CPU (tests) the same step runs eagerly.
 """
 
 import math
+import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
@@ -140,6 +142,7 @@ class StaticEngine:
         # (rows, new tokens, mode) -> (buffers, {attended length: step over those buffers})
         self._decoders: dict[tuple, tuple[dict, dict[int, Callable[[], None]]]] = {}
         self._pool = None
+        self._timings: Counter[str] = Counter()
 
     # ---- weights ----------------------------------------------------------------------------------
 
@@ -398,8 +401,10 @@ class StaticEngine:
         mode = (settings.is_greedy, settings.top_k, settings.top_p)
         # the decode step producing response token p (p = 1 .. limit - 1) writes cache slot width + p - 1
         last = width + limit - 2
+        start = self._mark()
         st, steps = self._decoder(rows, limit, mode, {self._length(slot, last) for slot in range(width, last + 1)})
         st["temperature"].fill_(1.0 if settings.is_greedy else settings.temperature)
+        prefill = self._mark("rollout/capture_s", start)
 
         last_logits = self._prefill(ids, mask, n).repeat_interleave(n, dim=0)
         st["valid"].zero_()
@@ -411,12 +416,33 @@ class StaticEngine:
         st["step"].fill_(1)
         stop = torch.tensor(self.stop_ids, device=self.device)
         produced = 1
+        decode = self._mark("rollout/prefill_s", prefill)
         while produced < limit:
             if produced % EARLY_STOP_EVERY == 0 and bool(torch.isin(st["tokens"][:, :produced], stop).any(-1).all()):
                 break
             steps[self._length(width + produced - 1, last)]()
             produced += 1
-        return self._collect(st["tokens"][:, :produced].cpu(), st["log_probs"][:, :produced].cpu())
+        tokens, log_probs = st["tokens"][:, :produced].cpu(), st["log_probs"][:, :produced].cpu()
+        collect = self._mark("rollout/decode_s", decode)
+        self._timings["rollout/decode_steps"] += produced - 1
+        collected = self._collect(tokens, log_probs)
+        self._mark("rollout/collect_s", collect)
+        return collected
+
+    def _mark(self, name: str | None = None, since: float = 0.0) -> float:
+        """Now, with the GPU's queue drained; with ``name``, the seconds ``since`` added to that timing."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        if name is not None:
+            self._timings[name] += now - since
+        return now
+
+    def take_timings(self) -> dict[str, float]:
+        """Where ``generate`` spent its time since the last call: graph captures, prefill, the decode loop, and
+        cutting the responses at their stop tokens (the step logs them beside ``timing/gen``)."""
+        taken, self._timings = dict(self._timings), Counter()
+        return taken
 
     def _collect(self, tokens: torch.Tensor, log_probs: torch.Tensor):
         """Cut each row after its first stop token."""

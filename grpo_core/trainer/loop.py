@@ -155,6 +155,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             max_new_tokens=d.max_response_length,
         )
         on_policy_rows = _on_policy_rows(cfg)
+        engine_timings = getattr(engine, "take_timings", dict)  # the static engine's parts of the gen phase
         # Models, engine and libraries live for the whole run: keep full collections off them (perf/gc_s).
         gc.collect()
         gc.freeze()
@@ -165,10 +166,12 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
             M.reset_peak_memory()
             diag.begin_step(step + 1)
 
+            engine_timings()  # drop what validation's generation left
             with timed(timings, "gen", diag):
                 drawn = draw_rollouts(engine, sampler, position, sampling, tokenizer, cfg, scorer)
                 if engine is not None and arr.rollout.free_cache_engine:
                     engine.sleep()
+            gen_parts = engine_timings()
             position += drawn.gen_batches
             rollouts = drawn.rollouts
             if drawn.groups_kept < d.train_batch_size and not warned_short and rank == 0:
@@ -229,6 +232,7 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                 **M.rollout_correction_metrics(batch, rc.rollout_is, rc.rollout_is_threshold),
                 **update_metrics,
                 **M.timing_metrics(timings),
+                **gen_parts,
                 **M.throughput_metrics(batch, timings, shape, dist.get_world_size()),
                 "perf/old_log_prob_tokens": float(batch.attention_mask[reused:].sum()),
                 **diag.end_step(step + 1),
