@@ -522,7 +522,8 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
     if node and host > 0.9 * node:
         r.errors.append(
             f"estimated {host:.0f} GiB of host memory per node for offloaded state exceeds 90% of the node's "
-            f"{node:.0f} GiB (megatron's CPU optimizer alone takes 16 bytes per offloaded parameter); lower "
+            f"{node:.0f} GiB (megatron's CPU optimizer alone takes 16 bytes per offloaded parameter, more where its "
+            "pinned tensors round up to powers of two); lower "
             "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction, keep the reference "
             "on the GPU (ref.megatron.param_offload=false), or use more GPUs"
         )

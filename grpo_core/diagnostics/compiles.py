@@ -5,13 +5,15 @@ meets a shape, stride or dtype its guards reject. Step 1 compiles them all; a la
 pays seconds that no phase's FLOPs explain (``perf/compiles``, ``perf/compile_s``).
 """
 
-from torch._dynamo.utils import compilation_time_metrics, counters
+from torch._dynamo import utils as dynamo
 
 COMPILE_TIMER = "_compile.compile_inner"  # dynamo's timer around one frame's whole compilation
 
 
 def _totals() -> tuple[int, float]:
-    return counters["stats"]["unique_graphs"], sum(compilation_time_metrics.get(COMPILE_TIMER, ()))
+    """Graphs compiled and seconds compiling so far (dynamo's private counters: zero seconds where they moved)."""
+    seconds = getattr(dynamo, "compilation_time_metrics", {}).get(COMPILE_TIMER, ())
+    return dynamo.counters["stats"]["unique_graphs"], sum(seconds)
 
 
 class CompileWork:
