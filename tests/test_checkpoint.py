@@ -103,6 +103,21 @@ def test_per_rank_optimizer_shards_resume_exactly(tiny_llama, uninterrupted, tmp
         assert resumed[step]["log_probs"] == straight[step]["log_probs"]
 
 
+def test_per_rank_optimizer_shards_at_dp2_resume_exactly(tiny_llama, tmp_path):  # noqa: F811
+    """Two data-parallel ranks, each saving its own half of the distributed optimizer (and the model once between
+    them) through the streaming writer: killed in step 3, the resumed run reproduces the uninterrupted one."""
+    straight, root, out = tmp_path / "straight.jsonl", tmp_path / "ckpt", tmp_path / "out.jsonl"
+    run(tiny_llama, tmp_path / "straight", straight, steps=4, nproc=2, per_rank=True)
+    assert run(tiny_llama, root, out, steps=4, nproc=2, crash="step:3", per_rank=True).returncode != 0
+    state = read_trainer_state(root / "step_000002")
+    assert (state["optimizer_format"], state["optimizer_layout"]) == ("dp_reshardable", {"tp": 1, "pp": 1})
+    run(tiny_llama, root, out, steps=4, nproc=2, per_rank=True)
+    resumed, uninterrupted = steps_of(out), steps_of(straight)
+    for step in (3, 4):
+        assert resumed[step]["metrics"] == uninterrupted[step]["metrics"], step
+        assert resumed[step]["log_probs"] == uninterrupted[step]["log_probs"]
+
+
 def test_a_model_only_checkpoint_resumes_with_a_fresh_optimizer(tiny_llama, tmp_path, caplog):  # noqa: F811
     """actor.checkpoint.save_contents=[model, extra] (verl's key): the checkpoint holds no optimizer state, and a
     run resumed from it continues from the saved weights with Adam afresh: in bf16, where the optimizer keeps
