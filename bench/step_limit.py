@@ -5,7 +5,8 @@
 
 GEMM phases (old log-prob, ref, update, prefill) are bound by their FLOPs at the measured bf16 matmul rate;
 each decode step by the larger of its FLOPs at that rate and its bytes (bf16 weights + the KV cache read so far)
-at the measured memory bandwidth; the optimizer step and the weight sync by their bytes. ``--measure`` measures
+at the measured memory bandwidth; the optimizer step and the weight sync by their bytes. Where a run logs the
+static engine's decode loop (``rollout/decode_s``), its own bound is shown beside it. ``--measure`` measures
 both ceilings on this GPU first (an 8192^3 bf16 matmul; a 4 GiB device copy, bytes read + written). Every
 response is taken to run ``response/length_max`` decode steps with the batch's mean number of rows active.
 FLOPs per token: 2 x matmul weights forward (the input embedding is a lookup, not a GEMM) + causal attention's
@@ -51,9 +52,9 @@ def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int = 2) -> int:
     return shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * dtype_bytes
 
 
-def generation_bound(shape: ModelShape, work: StepWork, flops_per_s: float, bytes_per_s: float) -> float:
-    """Prefill at the matmul rate, then each decode step at its roofline (weights + KV cache read once)."""
-    seconds = forward_flops(shape, work.rows * work.prompt_len, work.prompt_len / 2) / flops_per_s
+def decode_bound(shape: ModelShape, work: StepWork, flops_per_s: float, bytes_per_s: float) -> float:
+    """Each decode step at its roofline: its FLOPs, or its bytes (weights + the KV cache read once)."""
+    seconds = 0.0
     active = work.rows * work.response_len / max(work.response_max, 1)
     weight_bytes = 2 * matmul_params(shape)
     for j in range(work.response_max):
@@ -62,6 +63,12 @@ def generation_bound(shape: ModelShape, work: StepWork, flops_per_s: float, byte
         read = weight_bytes + active * context * kv_bytes_per_token(shape)
         seconds += max(flops / flops_per_s, read / bytes_per_s)
     return seconds
+
+
+def generation_bound(shape: ModelShape, work: StepWork, flops_per_s: float, bytes_per_s: float) -> float:
+    """Prefill at the matmul rate, then the decode steps."""
+    prefill = forward_flops(shape, work.rows * work.prompt_len, work.prompt_len / 2) / flops_per_s
+    return prefill + decode_bound(shape, work, flops_per_s, bytes_per_s)
 
 
 def phase_bounds(
@@ -141,6 +148,9 @@ def rows_for(name: str, records: list[dict], shape, flops_per_s, bytes_per_s, op
                 "bound": bounds,
                 "step_measured": r["timing/step"],
                 "step_bound": sum(bounds.values()),
+                # the static engine's decode loop alone (rollout/decode_s), where the run logs it
+                "decode_measured": r.get("rollout/decode_s", 0.0),
+                "decode_bound": decode_bound(shape, step_work(r), flops_per_s, bytes_per_s),
                 "tokens_per_s": r.get("perf/throughput", 0.0),
             }
         )
@@ -148,14 +158,13 @@ def rows_for(name: str, records: list[dict], shape, flops_per_s, bytes_per_s, op
 
 
 def table(results: list[dict]) -> str:
-    head = "| run | step | " + " | ".join(f"{p} s (bound, ×)" for p in PHASES) + " | step s (bound, ×) | tok/s/GPU |"
-    lines = [head, "|" + " --- |" * (len(PHASES) + 4)]
+    names = [f"{p} s (bound, ×)" for p in PHASES] + ["step s (bound, ×)", "decode loop s (bound, ×)"]
+    lines = ["| run | step | " + " | ".join(names) + " | tok/s/GPU |", "|" + " --- |" * (len(names) + 3)]
     for x in results:
-        cells = [
-            f"{x['measured'][p]:.2f} ({x['bound'][p]:.2f}, {_ratio(x['measured'][p], x['bound'][p])})" for p in PHASES
-        ]
-        step = f"{x['step_measured']:.2f} ({x['step_bound']:.2f}, {_ratio(x['step_measured'], x['step_bound'])})"
-        lines.append(f"| {x['run']} | {x['step']} | " + " | ".join(cells) + f" | {step} | {x['tokens_per_s']:,.0f} |")
+        pairs = [(x["measured"][p], x["bound"][p]) for p in PHASES]
+        pairs += [(x["step_measured"], x["step_bound"]), (x["decode_measured"], x["decode_bound"])]
+        cells = [f"{m:.2f} ({b:.2f}, {_ratio(m, b)})" if m else "–" for m, b in pairs]
+        lines.append(f"| {x['run']} | {x['step']} | " + " | ".join(cells) + f" | {x['tokens_per_s']:,.0f} |")
     return "\n".join(lines)
 
 

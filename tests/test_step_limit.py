@@ -31,6 +31,11 @@ def test_decode_steps_are_memory_bound_at_a_huge_matmul_rate():
     work = step_limit.StepWork(rows=2, prompt_len=3, response_len=2, response_max=2)
     # bf16 weights 424 bytes each step, plus 2 rows x context x 16 KV bytes: 424 + 96, then 424 + 128
     assert step_limit.generation_bound(TINY, work, 1e30, 1.0) == pytest.approx(520 + 552)
+    assert step_limit.decode_bound(TINY, work, 1e30, 1.0) == pytest.approx(520 + 552)  # prefill's FLOPs take ~0
+    # at 1 FLOP/s the prefill's 6 tokens x (424 + 4 x 4 x 1.5) count too
+    prefill = 6 * (424 + 24)
+    decode = step_limit.decode_bound(TINY, work, 1.0, 1e30)
+    assert step_limit.generation_bound(TINY, work, 1.0, 1e30) == prefill + decode
 
 
 def test_phase_bounds_update_is_three_log_prob_passes_plus_adam():
@@ -49,6 +54,7 @@ def test_cli_table_and_bad_input(tmp_path, capsys):
         "response/length_mean": 2.0,
         "response/length_max": 2,
         "timing/gen": 1.0,
+        "rollout/decode_s": 0.5,
         "perf/throughput": 3.3,
     }
     (tmp_path / "run").mkdir()
@@ -70,6 +76,7 @@ def test_cli_table_and_bad_input(tmp_path, capsys):
         step_limit.main([str(tmp_path / "run" / "metrics.jsonl"), "--model", str(tmp_path), "--tflops", "1e-12"]) == 0
     )
     row = capsys.readouterr().out.splitlines()[-1]
-    assert row.startswith("| run | 2 | 1.00 (")
+    assert row.startswith("| run | 2 | 1.00 (") and row.endswith(" | 3 |")
+    assert row.split(" | ")[-2].startswith("0.50 (")  # the decode loop beside its own bound
     assert step_limit.main([str(tmp_path / "nope.jsonl"), "--model", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("error: no such metrics file")
