@@ -25,7 +25,7 @@ timeout "$(left)" python3 bench/trl_peer.py "$model" "$data" "$out/trl.json" --s
   || echo "trl failed: $(tail -3 "$out/trl.log")"
 
 stamp "limits"
-python3 bench/step_limit.py --measure --model "$model" "$out"/*/metrics.jsonl --json "$out/limit.json" \
+python3 bench/step_limit.py --measure --n 8 --model "$model" "$out"/*/metrics.jsonl --json "$out/limit.json" \
   | tee "$out/limit.md"
 
 if [ "${SIZING:-1}" = 1 ] && [ "$(left)" -gt 150 ]; then

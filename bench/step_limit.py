@@ -1,7 +1,7 @@
 """A GRPO step's computed lower bound, phase by phase, next to its measured seconds (`grpo train`'s metrics.jsonl).
 
     python bench/step_limit.py --model MODEL_DIR RUN/metrics.jsonl... [--measure | --tflops 790 --tbps 4.3]
-        [--optimizer-steps 2] [--json OUT.json]
+        [--optimizer-steps 2] [--n 8] [--json OUT.json]
 
 GEMM phases (old log-prob, ref, update, prefill) are bound by their FLOPs at the measured bf16 matmul rate;
 each decode step by the larger of its FLOPs at that rate and its bytes (bf16 weights + the KV cache read so far)
@@ -31,6 +31,7 @@ class StepWork:
     prompt_len: float  # mean, tokens
     response_len: float  # mean
     response_max: int  # decode steps
+    n: int = 1  # responses per prompt: a prompt is prefilled once for its group
 
     @property
     def tokens(self) -> float:
@@ -66,8 +67,8 @@ def decode_bound(shape: ModelShape, work: StepWork, flops_per_s: float, bytes_pe
 
 
 def generation_bound(shape: ModelShape, work: StepWork, flops_per_s: float, bytes_per_s: float) -> float:
-    """Prefill at the matmul rate, then the decode steps."""
-    prefill = forward_flops(shape, work.rows * work.prompt_len, work.prompt_len / 2) / flops_per_s
+    """Each prompt prefilled once at the matmul rate, then the decode steps."""
+    prefill = forward_flops(shape, work.rows / work.n * work.prompt_len, work.prompt_len / 2) / flops_per_s
     return prefill + decode_bound(shape, work, flops_per_s, bytes_per_s)
 
 
@@ -87,13 +88,14 @@ def phase_bounds(
     }
 
 
-def step_work(record: dict) -> StepWork:
+def step_work(record: dict, n: int = 1) -> StepWork:
     prompt, response = record["prompt/length_mean"], record["response/length_mean"]
     return StepWork(
         rows=round(record["perf/total_tokens"] / (prompt + response)),
         prompt_len=prompt,
         response_len=response,
         response_max=int(record["response/length_max"]),
+        n=n,
     )
 
 
@@ -128,12 +130,15 @@ def measure_ceilings() -> tuple[float, float]:
     return rates
 
 
-def rows_for(name: str, records: list[dict], shape, flops_per_s, bytes_per_s, optimizer_steps) -> list[dict]:
+def rows_for(
+    name: str, records: list[dict], shape, flops_per_s, bytes_per_s, optimizer_steps, n: int = 1
+) -> list[dict]:
     out = []
     for r in records:
         if "timing/step" not in r or "perf/total_tokens" not in r:
             continue
-        bounds = phase_bounds(shape, step_work(r), flops_per_s, bytes_per_s, optimizer_steps)
+        work = step_work(r, n)
+        bounds = phase_bounds(shape, work, flops_per_s, bytes_per_s, optimizer_steps)
         # the separate old-log-prob pass skips the first mini-batch, whose update's forward gives its log-probs
         total = r["perf/total_tokens"]
         bounds["old_log_prob"] *= r.get("perf/old_log_prob_tokens", total) / total
@@ -150,7 +155,7 @@ def rows_for(name: str, records: list[dict], shape, flops_per_s, bytes_per_s, op
                 "step_bound": sum(bounds.values()),
                 # the static engine's decode loop alone (rollout/decode_s), where the run logs it
                 "decode_measured": r.get("rollout/decode_s", 0.0),
-                "decode_bound": decode_bound(shape, step_work(r), flops_per_s, bytes_per_s),
+                "decode_bound": decode_bound(shape, work, flops_per_s, bytes_per_s),
                 "tokens_per_s": r.get("perf/throughput", 0.0),
             }
         )
@@ -180,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tflops", type=float, default=790.0, help="bf16 matmul TFLOP/s (H200, measured)")
     parser.add_argument("--tbps", type=float, default=4.3, help="device-copy TB/s (H200, measured)")
     parser.add_argument("--optimizer-steps", type=int, default=2, help="optimizer steps per GRPO step")
+    parser.add_argument("--n", type=int, default=1, help="the runs' rollout.n: each prompt is prefilled once")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args(argv)
     try:
@@ -195,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for path in args.metrics:
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        results += rows_for(path.parent.name, records, shape, flops_per_s, bytes_per_s, args.optimizer_steps)
+        results += rows_for(path.parent.name, records, shape, flops_per_s, bytes_per_s, args.optimizer_steps, args.n)
     print(f"ceilings: {flops_per_s / 1e12:.0f} TFLOP/s bf16 matmul, {bytes_per_s / 1e12:.2f} TB/s device copy")
     print(table(results))
     if args.json:

@@ -32,10 +32,12 @@ def test_decode_steps_are_memory_bound_at_a_huge_matmul_rate():
     # bf16 weights 424 bytes each step, plus 2 rows x context x 16 KV bytes: 424 + 96, then 424 + 128
     assert step_limit.generation_bound(TINY, work, 1e30, 1.0) == pytest.approx(520 + 552)
     assert step_limit.decode_bound(TINY, work, 1e30, 1.0) == pytest.approx(520 + 552)  # prefill's FLOPs take ~0
-    # at 1 FLOP/s the prefill's 6 tokens x (424 + 4 x 4 x 1.5) count too
+    # at 1 FLOP/s the prefill's 6 tokens x (424 + 4 x 4 x 1.5) count too; two samples of one prompt prefill it once
     prefill = 6 * (424 + 24)
     decode = step_limit.decode_bound(TINY, work, 1.0, 1e30)
     assert step_limit.generation_bound(TINY, work, 1.0, 1e30) == prefill + decode
+    group = step_limit.StepWork(rows=2, prompt_len=3, response_len=2, response_max=2, n=2)
+    assert step_limit.generation_bound(TINY, group, 1.0, 1e30) == prefill / 2 + decode
 
 
 def test_phase_bounds_update_is_three_log_prob_passes_plus_adam():
