@@ -350,6 +350,11 @@ def test_host_memory_of_the_cpu_optimizer_is_checked(capsys):
     assert re.search(r"host memory per node\s*│\s*96\.1", out) and re.search(r"saving\s*│\s*100\.1", out), out
     assert "two tensors in flight" in out
     assert "50% of Adam" in out and "between updates" not in out  # stepped on the CPU; stays on the GPU
+    # megatron's pin_cpu_grads=false: the gradients pageable, unrounded: 0.5 x 7.62e9 x (4 B x 1.886 + 12 B) = 69.3,
+    # + the reference 14.2
+    pageable = f"+{OPTIM}override_optimizer_config.pin_cpu_grads=false"
+    assert main(["train", "--config", one_gpu, *resident, per_rank, pageable, "--dry-run"]) == 0
+    assert re.search(r"host memory per node\s*│\s*83\.5", capsys.readouterr().out)
 
 
 def test_log_prob_token_budgets_size_the_log_prob_phase():

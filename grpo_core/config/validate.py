@@ -117,6 +117,7 @@ def memory_options(cfg: GRPOConfig) -> MemoryOptions:
         grad_offload=m.grad_offload,
         optimizer_offload=optimizer_offloaded(cfg),
         optimizer_stays=not m.optimizer_offload,
+        pinned_cpu_grads=bool(cfg.actor_rollout_ref.actor.optim.override_optimizer_config.get("pin_cpu_grads", True)),
         reshardable_checkpoint=m.dist_ckpt_optim_fully_reshardable
         and "optimizer" in cfg.actor_rollout_ref.actor.checkpoint.save_contents,
         precision_aware_optimizer=bool(
@@ -524,8 +525,9 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
             f"estimated {host:.0f} GiB of host memory per node for offloaded state exceeds 90% of the node's "
             f"{node:.0f} GiB (megatron's CPU optimizer alone takes 16 bytes per offloaded parameter, more where its "
             "pinned tensors round up to powers of two); lower "
-            "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction, keep the reference "
-            "on the GPU (ref.megatron.param_offload=false), or use more GPUs"
+            "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction, keep its "
+            "gradients in pageable memory (override_optimizer_config.pin_cpu_grads=false: slower copies), keep the "
+            "reference on the GPU (ref.megatron.param_offload=false), or use more GPUs"
         )
 
 

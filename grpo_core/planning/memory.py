@@ -10,9 +10,10 @@ used, and the Adam states not offloaded) goes to host memory between updates, un
 (the hybrid optimizer asked for through override_optimizer_config, ``megatron.optimizer_offload`` off:
 then that side stays on the GPU and the host holds only the hybrid optimizer's share). The hybrid optimizer's host
 side is 16 bytes per offloaded parameter: a pinned fp32 copy and fp32 gradient per tensor, which torch's pinned
-allocator rounds up to a power of two each (``pinned_rounding``: 1.89x for Qwen2.5-7B), and two Adam moments
-in pageable memory. On an H200 node with 125 GiB of host memory a 7B at fraction 0.5 trained and saved its
-checkpoint holding ~82 GB pinned and ~34 GB pageable; at 0.75 it was killed by the kernel's OOM killer.
+allocator rounds up to a power of two each (``pinned_rounding``: 1.89x for Qwen2.5-7B; megatron's
+``pin_cpu_grads=false`` leaves the gradients pageable and unrounded), and two Adam moments in pageable memory.
+On an H200 node with 125 GiB of host memory a 7B at fraction 0.5 trained and saved its checkpoint holding
+~82 GB pinned and ~34 GB pageable; at 0.75 it was killed by the kernel's OOM killer.
 The peak is the largest phase.
 
 Activation sizes are per token and layer, in bytes of 16-bit activations: ``2 * (8h + 4kv + 3f)``
@@ -40,7 +41,8 @@ GRAD_BYTES = 4  # megatron accumulates and reduces gradients in fp32 ("main_grad
 RESHARDABLE_SAVE_BYTES = 36
 STREAM_SAVE_THREADS = 2
 ADAM_BYTES = 8  # exp_avg + exp_avg_sq in fp32
-HYBRID_PINNED_BYTES = 8  # megatron's CPU optimizer per offloaded parameter: fp32 copy and grad, pinned per tensor
+CPU_COPY_BYTES = 4  # megatron's CPU optimizer per offloaded parameter: an fp32 copy and an fp32 gradient, each
+# pinned per tensor (the gradient unless pin_cpu_grads=false), besides Adam's two moments in pageable memory
 MASTER_BYTES = 4  # fp32 master weights, when training in 16-bit
 LOGIT_BYTES = 6  # per vocab entry and token: 16-bit logits and, in backward, their gradient twice (actor/logprobs.py)
 PLAIN_CE_LOGIT_BYTES = 10  # a plain cross-entropy's: 16-bit logits, their fp32 copy for the loss, its fp32 gradient
@@ -55,6 +57,7 @@ class MemoryOptions:
     grad_offload: bool = False
     optimizer_offload: float = 0.0  # share of the Adam states in host memory (True: all)
     optimizer_stays: bool = False  # the optimizer's GPU side stays there between updates
+    pinned_cpu_grads: bool = True  # megatron's pin_cpu_grads: the CPU optimizer's gradients in pinned memory
     precision_aware_optimizer: bool = False  # TE's: with CPU offload, the fp32 masters live on the host too
     reshardable_checkpoint: bool = True  # checkpoints hold the optimizer state gathered into a TP/PP-free form
     sequence_parallel: bool = True
@@ -249,7 +252,8 @@ def estimate_grpo_memory(
     resident = (0 if opts.param_offload else weights) + (0 if opts.grad_offload else grads) + between
     ref_resident = 0 if ref_offload else reference
     shards = layout.dp if opts.use_distributed_optimizer else 1
-    per_param = HYBRID_PINNED_BYTES * pinned_rounding(shape, layout, shards) + ADAM_BYTES
+    pinned = CPU_COPY_BYTES * (2 if opts.pinned_cpu_grads else 1)
+    per_param = pinned * pinned_rounding(shape, layout, shards) + 2 * CPU_COPY_BYTES - pinned + ADAM_BYTES
     hybrid = float(opts.optimizer_offload) * per_param * weights / DTYPE_BYTES[opts.dtype] / shards
     ref_host = reference if with_reference and ref_offload else 0
     gathered = RESHARDABLE_SAVE_BYTES * sum(params_per_gpu(shape, layout)) / GiB
