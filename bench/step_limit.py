@@ -188,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=1, help="the runs' rollout.n: each prompt is prefilled once")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args(argv)
+    if args.n < 1 or args.optimizer_steps < 0:
+        print(
+            f"error: --n must be at least 1 and --optimizer-steps not negative (got {args.n}, {args.optimizer_steps})",
+            file=sys.stderr,
+        )
+        return 2
     try:
         shape = load_model_shape(args.model)
     except ModelShapeError as e:

@@ -297,10 +297,10 @@ def test_a_missing_wandb_is_one_error_line_before_launch(monkeypatch, capsys, tm
 
 
 def test_compile_work_counts_the_graphs_a_new_shape_compiles_and_nothing_when_guards_hold():
-    from grpo_core.diagnostics.compiles import CompileWork
+    from grpo_core.diagnostics.counters import StepDeltas, compile_totals
 
     double = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
-    work = CompileWork()
+    work = StepDeltas(compile_totals)
     double(torch.ones(3))
     first = work.take()
     double(torch.ones(3))
@@ -313,7 +313,7 @@ def test_compile_work_counts_the_graphs_a_new_shape_compiles_and_nothing_when_gu
 
 def test_allocator_calls_are_the_steps_deltas_of_the_allocators_counters(monkeypatch):
     """This machine has no CUDA: the allocator's counters are stood in for (the H200 runs log the real ones)."""
-    from grpo_core.diagnostics import allocator
+    from grpo_core.diagnostics import counters
 
     readings = iter(
         [
@@ -322,8 +322,8 @@ def test_allocator_calls_are_the_steps_deltas_of_the_allocators_counters(monkeyp
             {"num_device_alloc": 14, "num_device_free": 9, "num_alloc_retries": 1},
         ]
     )
-    monkeypatch.setattr(allocator.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(allocator.torch.cuda, "memory_stats", lambda: next(readings))
-    calls = allocator.AllocatorCalls()
+    monkeypatch.setattr(counters.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(counters.torch.cuda, "memory_stats", lambda: next(readings))
+    calls = counters.StepDeltas(counters.allocator_totals)
     assert calls.take() == {"perf/cuda_mallocs": 4.0, "perf/cuda_frees": 7.0, "perf/alloc_retries": 1.0}
     assert calls.take() == {"perf/cuda_mallocs": 0.0, "perf/cuda_frees": 0.0, "perf/alloc_retries": 0.0}

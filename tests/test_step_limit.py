@@ -82,3 +82,5 @@ def test_cli_table_and_bad_input(tmp_path, capsys):
     assert row.split(" | ")[-2].startswith("0.50 (")  # the decode loop beside its own bound
     assert step_limit.main([str(tmp_path / "nope.jsonl"), "--model", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("error: no such metrics file")
+    assert step_limit.main([str(tmp_path / "run" / "metrics.jsonl"), "--model", str(tmp_path), "--n", "0"]) == 2
+    assert capsys.readouterr().err.startswith("error: --n must be at least 1")

@@ -4,8 +4,8 @@
 profiler ranges with the phase, profiles the steps in ``trainer.profile_steps`` (trace and
 communication share, ``profile.py``), explains an error raised in a phase (``advice.py``) on the
 rank's stderr before letting it go on, warns once when the GPUs idle or wait on collectives, and counts the
-step's hidden costs: garbage-collection pauses (``gc_pauses.py``), torch.compile's work (``compiles.py``)
-and the CUDA allocator's driver calls (``allocator.py``).
+step's hidden costs: garbage-collection pauses (``gc_pauses.py``), torch.compile's work and the CUDA
+allocator's driver calls (``counters.py``).
 """
 
 import gzip
@@ -29,8 +29,7 @@ from grpo_core.diagnostics.advice import (
     failure_advice,
     low_utilisation_advice,
 )
-from grpo_core.diagnostics.allocator import AllocatorCalls
-from grpo_core.diagnostics.compiles import CompileWork
+from grpo_core.diagnostics.counters import StepDeltas, allocator_totals, compile_totals
 from grpo_core.diagnostics.gc_pauses import GcPauses
 from grpo_core.diagnostics.gpu import GpuSampler, gpu_metrics
 from grpo_core.diagnostics.profile import comm_shares, read_trace
@@ -46,8 +45,7 @@ class RunDiagnostics:
         self.cfg, self.shape, self.rank, self.tracker = cfg, shape, rank, tracker
         self.sampler = GpuSampler(cfg.trainer.n_gpus_per_node) if rank == 0 else None
         self.gc = GcPauses()
-        self.compiles = CompileWork()
-        self.allocator = AllocatorCalls()
+        self.counters = [StepDeltas(compile_totals), StepDeltas(allocator_totals)]
         self._profiler: torch.profiler.profile | None = None
         self._phases: list[str] = []
         self._warned: set[str] = set()
@@ -86,7 +84,9 @@ class RunDiagnostics:
         """This step's ``gpu/*`` and (profiled steps) ``profile/*`` metrics; rank 0 warns about them once."""
         self._steps += 1
         metrics = gpu_metrics(self.sampler.take()) if self.sampler is not None else {}
-        metrics |= self.gc.take() | self.compiles.take() | self.allocator.take()
+        metrics |= self.gc.take()
+        for counter in self.counters:
+            metrics |= counter.take()
         profiled = self._profiler is not None
         if profiled:
             metrics |= self._finish_profile(step)
