@@ -21,7 +21,6 @@ It runs the dense Llama / Qwen2 / Qwen3 decoders the actor trains, from HF-named
 graphs stay valid. On a CPU (tests) the same step runs eagerly.
 """
 
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -70,15 +69,6 @@ def sample(
 _sample_compiled = torch.compile(sample, options={"fallback_random": True})
 
 
-def cached_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """One new query per row against its cache: q [b, kv, group, d], keys/values [b, kv, L, d], valid
-    [b, 1, 1, L] -> [b, kv, group, d]. Scores and softmax in fp32. (SDPA's memory-efficient kernel with the
-    group as query length measured slower here: 24.9 vs 21.9 ms per decode step at 2,048 rows.)"""
-    scores = torch.matmul(q, keys.transpose(-1, -2)).float() / math.sqrt(q.shape[-1])
-    probs = scores.masked_fill(~valid, float("-inf")).softmax(-1).to(q.dtype)
-    return torch.matmul(probs, values)
-
-
 def mlp_block(x, attended, o, post_norm, gate_up, down, eps: float) -> torch.Tensor:
     """The rest of a layer after attention (attended [b, s, heads*d]): o_proj, residual, SwiGLU MLP, residual."""
     x = x + F.linear(attended, o)
@@ -88,7 +78,6 @@ def mlp_block(x, attended, o, post_norm, gate_up, down, eps: float) -> torch.Ten
 
 # On GPUs the element-wise work between the GEMMs is fused (measured at 2,048 rows: ~10 of the decode
 # step's 25.8 ms were element-wise kernels); the same functions run eagerly on CPUs.
-_cached_attention_compiled = torch.compile(cached_attention)
 _mlp_block_compiled = torch.compile(mlp_block)  # sizes that change (rows, tokens) turn symbolic after one recompile
 
 
@@ -295,22 +284,19 @@ class StaticEngine:
 
     def _decode(self, st: dict, mode: tuple, length: int) -> None:
         """One decode step over the static buffers in ``st`` (captured as a CUDA graph on GPUs)."""
-        s = self.shape
         rows = st["token"].shape[0]
         st["valid"].index_fill_(1, st["slot"], True)
         angles = self._angles[st["position"]][:, None, None]  # [b, 1, 1, d]
         x = F.embedding(st["token"][:, None], self._params["embed"])  # [b, 1, hidden]
-        valid = st["valid"][:, None, None, :length]
-        group = s.num_attention_heads // s.num_kv_heads
-        attend = _cached_attention_compiled if x.is_cuda else cached_attention
+        valid = st["valid"][:, None, None, :length]  # [b, 1, 1, L]: the prompt's padding and unwritten slots off
         for i, (k_cache, v_cache) in enumerate(self._kv_cache()):
             q, k, v = self._attention_inputs(i, x, angles)
             k_cache[:rows].index_copy_(2, st["slot"], k)
             v_cache[:rows].index_copy_(2, st["slot"], v)
             keys, values = k_cache[:rows, :, :length], v_cache[:rows, :, :length]  # [b, kv, L, d]
-            q = q.view(rows, s.num_kv_heads, group, s.head_dim)
-            # reshape: a recompiled (dynamic-shape) kernel may return other strides than the first one did
-            attended = attend(q, keys, values, valid).reshape(rows, s.num_attention_heads, 1, s.head_dim)
+            # one query per row over its cache, grouped heads as they are; on an H200 torch picks cuDNN's kernel:
+            # 0.064 ms a layer at 512 rows x 384 slots, against 0.100 ms for a compiled matmul + fp32 softmax
+            attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=valid, enable_gqa=True)
             x = self._finish_layer(i, x, attended)
         self._sample(self._logits(x[:, 0]), st, mode)
         st["tokens"].index_copy_(1, st["step"], st["token"][:, None])
