@@ -13,6 +13,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from grpo_core.diagnostics.profile import kernel_kind
 from grpo_core.models.shape import load_model_shape
 from grpo_core.rollout.base import SamplingSettings
 from grpo_core.rollout.static import StaticEngine, _sample_compiled, sample
@@ -39,7 +40,7 @@ def main() -> None:
     lengths = torch.randint(64, 193, (max(args.rows) // 8,), generator=g).tolist()
     prompts = [torch.randint(0, shape.vocab_size, (n,), generator=g).tolist() for n in lengths]
     top: list[str] = []
-    print("| rows | CUDA graphs | decode step ms | eager step: GEMM / other kernel ms |")
+    print("| rows | CUDA graphs | decode step ms | eager step: GEMM / attention / other kernel ms |")
     print("| --- | --- | --- | --- |")
     for rows in args.rows:
         for graphs in (True, False):
@@ -63,14 +64,11 @@ def main() -> None:
                         for _ in range(5):
                             step()
                         torch.cuda.synchronize()
-                gemm = other = 0.0
+                ms_by_kind = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
                 for ev in prof.key_averages():
-                    ms = ev.self_device_time_total / 1e3 / 5
-                    if any(m in ev.key.lower() for m in ("gemm", "cutlass", "xmma", "nvjet")):
-                        gemm += ms
-                    else:
-                        other += ms
-                kinds = f"{gemm:.1f} / {other:.1f}"
+                    kind = kernel_kind({"name": ev.key, "cat": "kernel"})
+                    ms_by_kind[kind if kind in ms_by_kind else "other"] += ev.self_device_time_total / 1e3 / 5
+                kinds = " / ".join(f"{ms:.1f}" for ms in ms_by_kind.values())
                 ranked = sorted(prof.key_averages(), key=lambda ev: -ev.self_device_time_total)[: args.top]
                 for ev in ranked:
                     top.append(f"| {rows} | {ev.key[:70]} | {ev.count // 5} | {ev.self_device_time_total / 5e3:.3f} |")

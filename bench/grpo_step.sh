@@ -6,7 +6,8 @@
 # GPU (micro-batches of 16 rows, then of 8,192 tokens, then larger budgets; RUNS="rows budget large kept" picks) and,
 # with "7b", Qwen2.5-7B at
 # TP=2 on two. Metrics under OUT/<run>/metrics.jsonl; a table last.
-# EXTRA: overrides added to every run. Models and checkpoints (tens of GB) go to WORK (default /tmp/bench-work).
+# EXTRA: overrides added to every run (trainer.profile_steps=[N] adds a table of where step N's GPU time
+# went). Models and checkpoints (tens of GB) go to WORK (default /tmp/bench-work).
 set -uo pipefail
 tok=$1 data=$2 out=$3 big=${4:-} work=${WORK:-/tmp/bench-work}
 mkdir -p "$out" "$work"
@@ -64,4 +65,16 @@ for path in sorted(out.glob("*/metrics.jsonl")):
             per_step = 1e3 * r["rollout/decode_s"] / max(r.get("rollout/decode_steps", 1), 1)
             print(f"| {path.parent.name} | {r['step']} | {r['timing/gen']:.2f} | " + " | ".join(f"{x:.2f}" for x in seconds)
                   + f" | {r['timing/gen'] - sum(seconds):.2f} | {per_step:.2f} |")
+# a step profiled (EXTRA=trainer.profile_steps=[N]): each phase's idle share, and its kernel time by kind
+kinds = ("gemm", "attention", "comm", "copy", "other")
+profiled = [(path.parent.name, r) for path in sorted(out.glob("*/metrics.jsonl"))
+            for r in map(json.loads, path.read_text().splitlines()) if any(k.startswith("profile/idle") for k in r)]
+if profiled:
+    print("\n| run | step | phase | idle % | " + " | ".join(f"{k} % of kernel time" for k in kinds) + " |")
+    print("|" + " --- |" * (len(kinds) + 4))
+for name, r in profiled:
+    for p in phases:
+        if f"profile/idle_share_{p}" in r:
+            print(f"| {name} | {r['step']} | {p} | {100 * r[f'profile/idle_share_{p}']:.0f} | "
+                  + " | ".join(f"{100 * r.get(f'profile/{k}_time_share_{p}', 0):.0f}" for k in kinds) + " |")
 PY

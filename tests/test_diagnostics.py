@@ -9,7 +9,7 @@ import torch
 from grpo_core.config import load_config
 from grpo_core.diagnostics import advice
 from grpo_core.diagnostics.gpu import Sample, gpu_metrics
-from grpo_core.diagnostics.profile import comm_shares, read_trace
+from grpo_core.diagnostics.profile import comm_shares, kernel_kind, kernel_shares, read_trace
 from grpo_core.models.shape import ModelShape
 from tests.support.tiny import capitals_data
 
@@ -46,6 +46,33 @@ def test_gpu_trace_comm_share_is_nccl_kernel_time_over_kernel_time():
     assert shares["profile/comm_share_update"] == pytest.approx(200 / 400)
 
 
+def test_gpu_trace_kernel_shares_split_a_phase_into_idle_time_and_kernel_kinds():
+    events = [
+        span("gen", 0, 1000, "user_annotation"),
+        span("update", 2000, 100, "user_annotation"),
+        span("sm90_xmma_gemm_bf16bf16_bf16f32", 0, 300, "kernel"),
+        span("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 300, 100, "kernel"),
+        span("triton_poi_fused_add_mul_0", 350, 100, "kernel"),  # another stream: 350..400 overlaps the sdpa
+        span("Memcpy HtoD (Pageable -> Device)", 900, 50, "gpu_memcpy"),
+        span("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 950, 100, "kernel"),  # half of it after gen ends
+        span("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", 2000, 60, "kernel"),  # cutlass's, yet attention
+    ]
+    shares = kernel_shares(events, ["gen", "update", "ref"])
+    # gen: busy 0..450 and 900..1000 of its 1,000 us; kernel time 300 + 100 + 100 + 50 + 50 (the NCCL half inside)
+    assert shares["profile/idle_share_gen"] == pytest.approx(450 / 1000)
+    assert shares["profile/gemm_time_share_gen"] == pytest.approx(300 / 600)
+    assert shares["profile/attention_time_share_gen"] == pytest.approx(100 / 600)
+    assert shares["profile/other_time_share_gen"] == pytest.approx(100 / 600)
+    assert shares["profile/copy_time_share_gen"] == pytest.approx(50 / 600)
+    assert shares["profile/comm_time_share_gen"] == pytest.approx(50 / 600)
+    assert shares["profile/idle_share_update"] == pytest.approx(40 / 100)
+    assert shares["profile/attention_time_share_update"] == 1.0
+    assert "profile/idle_share_ref" not in shares  # not in the trace
+    assert kernel_kind(span("ampere_bf16_s16816gemm_bf16_128x128", 0, 1, "kernel")) == "gemm"
+    cpu_only = [span("update", 0, 100, "user_annotation"), span("aten::mm", 0, 50)]
+    assert kernel_shares(cpu_only, ["update"]) == {}  # a CPU trace has no kernels to split
+
+
 def test_read_trace_keeps_only_what_the_shares_need(tmp_path):
     events = [
         span("update", 0, 100, "user_annotation"),
@@ -53,13 +80,15 @@ def test_read_trace_keeps_only_what_the_shares_need(tmp_path):
         span("gloo:all_reduce", 10, 20, "user_annotation"),
         span("aten::mm", 30, 30) | {"args": {"External id": 7}},
         span("sm90_gemm", 30, 30, "kernel"),
+        span("Memset (Device)", 60, 5, "gpu_memset"),
         {"ph": "M", "name": "process_name", "args": {"name": "python"}},
     ]
     path = tmp_path / "trace.json"
     path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
     kept = read_trace(path, ["update", "gen"])
-    assert [e["name"] for e in kept] == ["update", "gloo:all_reduce", "sm90_gemm"]
+    assert [e["name"] for e in kept] == ["update", "gloo:all_reduce", "sm90_gemm", "Memset (Device)"]
     assert comm_shares(kept, ["update"]) == comm_shares(events, ["update"])
+    assert kernel_shares(kept, ["update"]) == kernel_shares(events, ["update"])
 
 
 def test_gpu_metrics_average_each_phase_and_keep_the_peak_memory():

@@ -251,6 +251,7 @@ def check_diagnostics(run: Path, stderr: str) -> None:
     profiled = rows[1]
     assert 0 < profiled["profile/comm_share_update"] < 1, profiled  # TP=2 all-reduces on gloo
     assert 0 < profiled["profile/comm_share"] < 1
+    assert not any(k.startswith("profile/idle_share") for k in profiled)  # a CPU trace has no kernels to split
     assert (run / "profile" / "step_000002.json.gz").is_file()
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()

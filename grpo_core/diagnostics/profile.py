@@ -1,4 +1,5 @@
-"""Communication against compute in a profiled step, read from its chrome trace.
+"""Where a profiled step's time went, read from its chrome trace: communication against compute, and on
+GPUs the phase's idle time and its kernel time by kind.
 
 The loop marks each phase with ``torch.profiler.record_function(phase)``, so a phase is a
 ``user_annotation`` span of the trace. Within it:
@@ -6,6 +7,10 @@ The loop marks each phase with ``torch.profiler.record_function(phase)``, so a p
 - CPU traces (gloo): the share of the phase's wall time during which a collective (a ``gloo:``,
   ``nccl:`` or ``c10d::`` op, or ``record_param_comms``) is in flight on any thread.
 Overlapping spans count once. The share includes waiting for slower peers, as the kernels do.
+
+``kernel_shares`` says what bounds a slow GPU phase: the share of its wall time with no kernel or copy
+running (launch overheads, host work, syncs), and how its kernel time splits between GEMMs, attention,
+collectives, copies and the rest (element-wise kernels, reductions, the optimizer).
 """
 
 import json
@@ -13,6 +18,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 COMM_MARKERS = ("nccl", "gloo:", "c10d::", "record_param_comms")
+# A kernel's kind from its name, first match wins (cutlass's attention kernels are attention, not GEMMs);
+# a copy or memset event (its own trace category) is "copy", any other kernel "other".
+KERNEL_KINDS = {
+    "comm": ("nccl",),
+    "attention": ("flash", "fmha", "attention", "sdpa", "cudnn"),
+    "gemm": ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul"),
+}
+COPY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
 
 Spans = list[list[float]]  # sorted, disjoint [start, end] in microseconds
 
@@ -31,7 +44,8 @@ def read_trace(path: Path, phases: Iterable[str]) -> list[dict]:
         if "ph" not in obj:  # an event's args, or the file's header
             return obj
         cat, name = obj.get("cat"), str(obj.get("name", ""))
-        return obj if cat == "kernel" or (cat == "user_annotation" and name in phases) or is_comm(name) else None
+        busy = cat == "kernel" or cat in COPY_CATEGORIES
+        return obj if busy or (cat == "user_annotation" and name in phases) or is_comm(name) else None
 
     with open(path) as f:
         trace = json.load(f, object_hook=keep)
@@ -57,6 +71,39 @@ def comm_shares(events: list[dict], phases: Iterable[str]) -> dict[str, float]:
             metrics[f"profile/comm_share_{phase}"] = _share(comm, busy, windows)
     if all_windows:
         metrics["profile/comm_share"] = _share(comm, busy, _merge(all_windows))
+    return metrics
+
+
+def kernel_kind(event: dict) -> str:
+    """The kind of a kernel or copy event: comm, attention, gemm, copy or other (see ``KERNEL_KINDS``)."""
+    if event.get("cat") in COPY_CATEGORIES:
+        return "copy"
+    name = str(event.get("name", "")).lower()
+    return next((kind for kind, markers in KERNEL_KINDS.items() if any(m in name for m in markers)), "other")
+
+
+def kernel_shares(events: list[dict], phases: Iterable[str]) -> dict[str, float]:
+    """Per phase found in a GPU trace: ``profile/idle_share_<phase>`` (its wall time with no kernel or copy
+    running) and ``profile/<kind>_time_share_<phase>`` (a kind's kernel time over all kernel time in it, so the
+    kinds sum to 1 even where streams overlap). Nothing for a CPU trace."""
+    busy_events = [e for e in events if e.get("cat") == "kernel" or e.get("cat") in COPY_CATEGORIES]
+    if not busy_events:
+        return {}
+    busy = _merge(_span(e) for e in busy_events)
+    metrics = {}
+    for phase in phases:
+        windows = _merge(
+            _span(e) for e in events if e.get("cat") == "user_annotation" and e.get("name") == phase and "dur" in e
+        )
+        if not windows:
+            continue
+        metrics[f"profile/idle_share_{phase}"] = 1 - _overlap(busy, windows) / _length(windows)
+        by_kind = dict.fromkeys((*KERNEL_KINDS, "copy", "other"), 0.0)
+        for event in busy_events:
+            by_kind[kernel_kind(event)] += _overlap(_merge([_span(event)]), windows)
+        total = sum(by_kind.values())
+        for kind, seconds in by_kind.items():
+            metrics[f"profile/{kind}_time_share_{phase}"] = seconds / total if total else 0.0
     return metrics
 
 
