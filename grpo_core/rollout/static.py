@@ -272,7 +272,11 @@ class StaticEngine:
         angles = self._angles[(mask.cumsum(-1) - 1).clamp(min=0)].unsqueeze(1)  # [u, 1, P, d]
         causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
         allowed = (causal[None] & mask[:, None, :].bool()) | torch.eye(width, dtype=torch.bool, device=ids.device)
-        allowed = allowed.unsqueeze(1)  # [u, 1, P, P]; a padding query sees itself, so no row is empty
+        # as an additive bias [u, 1, P, P] (a padding query sees itself, so no row is empty), its rows 8-aligned
+        # in memory as the memory-efficient kernel needs (else torch pads a copy, with a warning, every layer)
+        aligned = -(-width // 8) * 8
+        bias = torch.full((u, 1, width, aligned), float("-inf"), dtype=self.dtype, device=ids.device)[..., :width]
+        bias.masked_fill_(allowed.unsqueeze(1), 0.0)
         x = F.embedding(ids, self._params["embed"])
         group = self.shape.num_attention_heads // self.shape.num_kv_heads
         for i, (k_cache, v_cache) in enumerate(self._kv_cache()):
@@ -285,7 +289,7 @@ class StaticEngine:
             # machine; on fresh ones the GRPO steps that met new widths spent 1.0-1.6 s more in prefill)
             with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-                attended = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+                attended = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
             x = self._finish_layer(i, x, attended)
         return self._logits(x[:, -1])
 
