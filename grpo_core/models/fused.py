@@ -183,12 +183,17 @@ def varlen_causal_attention(
         kwargs["scale"] = scale
     elif abs(scale - q.shape[-1] ** -0.5) > 1e-9:
         return None
-    if k.shape[1] != q.shape[1]:
-        if "enable_gqa" in params:
-            kwargs["enable_gqa"] = True
-        else:
-            k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
     cu = cu_seqlens.to(torch.int32)
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" not in params:
+            # torch 2.11's varlen_attn takes no grouped heads, the flash kernel under it does: on an H200 at
+            # 32,768 tokens (12 query over 2 KV heads of 128) 1.59 ms a layer forward and backward against
+            # 1.84 with the heads repeated (two copies of K and V forward, two sums backward), outputs and
+            # gradients bitwise equal
+            return torch.ops.aten._flash_attention_forward(
+                q, k, v, cu, cu, max_seqlen, max_seqlen, 0.0, True, False, scale=scale
+            )[0]
+        kwargs["enable_gqa"] = True
     return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, **kwargs)
 
 

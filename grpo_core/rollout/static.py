@@ -37,6 +37,7 @@ from grpo_core.rollout.base import DTYPES, Generation, SamplingSettings, generat
 
 EARLY_STOP_EVERY = 32  # decode steps between checks (a host sync) that every row has stopped
 LENGTH_BUCKET = 128  # cache lengths attended to are rounded up to this, so few graphs are captured
+SAMPLE_BLOCK = 128  # vocabulary columns per block of the sampler's two-level inverse CDF (151,936 = 1,187 x 128)
 
 
 def sample(
@@ -44,9 +45,7 @@ def sample(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [b, V] -> (sampled token [b], its log-prob under the model at temperature 1 [b]).
 
-    Gumbel-max (argmax of log p + Gumbel noise is a sample from p) needs no host round trip, so it can be
-    captured in a CUDA graph. On GPUs this runs compiled: two passes over the logits instead of ~ten.
-    """
+    No host round trip, so it can be captured in a CUDA graph; on GPUs it runs compiled."""
     logits = logits.float()
     if greedy:
         token = logits.argmax(-1)
@@ -60,13 +59,31 @@ def sample(
             probs = ordered.softmax(-1)
             before = probs.cumsum(-1) - probs  # the mass of the tokens ranked above
             scaled = scaled.scatter(-1, order, ordered.masked_fill(before > top_p, float("-inf")))
-        noise = torch.rand_like(scaled).clamp(min=1e-20, max=1.0 - 1e-7)
-        token = (scaled - (-noise.log()).log()).argmax(-1)
+        token = inverse_cdf(scaled)
     log_prob = logits.gather(-1, token.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
     return token, log_prob
 
 
-# fallback_random: the noise comes from torch's own generator (as in eager), which CUDA graphs can capture
+def inverse_cdf(scaled: torch.Tensor) -> torch.Tensor:
+    """A token per row drawn from softmax(``scaled``) [b, V] by inverting its CDF in two levels: a block of
+    ``SAMPLE_BLOCK`` columns by the blocks' masses, then a column within it. One random number a row, where
+    Gumbel-max drew one per logit (a 311 MB noise tensor at 512 x 151,936): on an H200 the compiled sampler takes
+    0.32 ms a decode step in a CUDA graph, against 0.46 ms with Gumbel-max."""
+    b, vocab = scaled.shape
+    weights = (scaled - scaled.amax(-1, keepdim=True)).exp()  # unnormalised; 0 where masked (-inf)
+    blocks = F.pad(weights, (0, -vocab % SAMPLE_BLOCK)).view(b, -1, SAMPLE_BLOCK)
+    mass = blocks.sum(-1).cumsum(-1)  # [b, blocks]: the mass up to and including each block
+    # u in (0, 1], so the target is > 0 and the column found has a positive weight
+    target = (1.0 - torch.rand(b, 1, device=scaled.device)) * mass[:, -1:]
+    block = torch.searchsorted(mass, target).clamp(max=mass.shape[1] - 1)  # first block reaching the target
+    before = torch.where(block > 0, mass.gather(1, (block - 1).clamp(min=0)), 0.0)
+    inside = blocks.gather(1, block[:, :, None].expand(b, 1, SAMPLE_BLOCK)).squeeze(1).cumsum(-1)  # [b, BLOCK]
+    rest = torch.minimum(target - before, inside[:, -1:])  # > 0; at most the block's own sum (rounding)
+    column = torch.searchsorted(inside, rest)
+    return (block * SAMPLE_BLOCK + column).squeeze(1)
+
+
+# fallback_random: the draws come from torch's own generator (as in eager), which CUDA graphs can capture
 _sample_compiled = torch.compile(sample, options={"fallback_random": True})
 
 
@@ -244,14 +261,15 @@ class StaticEngine:
         b, t, _ = x.shape
         h = rms_norm(x, p[f"{i}.input_norm"], s.norm_eps)
         qkv = F.linear(h, p[f"{i}.qkv"], p.get(f"{i}.qkv_bias"))
-        kv = s.num_kv_heads * s.head_dim
-        q, k, v = qkv.split([s.num_attention_heads * s.head_dim, kv, kv], -1)
-        q = q.view(b, t, s.num_attention_heads, s.head_dim).transpose(1, 2)
-        k = k.view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
-        v = v.view(b, t, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        heads, kv_heads = s.num_attention_heads, s.num_kv_heads
+        qkv = qkv.view(b, t, heads + 2 * kv_heads, s.head_dim).transpose(1, 2)  # [b, all heads, t, d]
         if s.qk_norm:
+            q, k, v = qkv.split([heads, kv_heads, kv_heads], 1)
             q, k = rms_norm(q, p[f"{i}.q_norm"], s.norm_eps), rms_norm(k, p[f"{i}.k_norm"], s.norm_eps)
-        return rope(q, angles), rope(k, angles), v
+            return rope(q, angles), rope(k, angles), v
+        # queries and keys rotated in one kernel (a decode step ran two 6 us kernels a layer)
+        q, k = rope(qkv[:, : heads + kv_heads], angles).split([heads, kv_heads], 1)
+        return q, k, qkv[:, heads + kv_heads :]
 
     def _finish_layer(self, i: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """attended [b, heads, s, d] -> the layer's output: o_proj, residual, SwiGLU MLP, residual."""
@@ -296,10 +314,10 @@ class StaticEngine:
     def _decode(self, st: dict, mode: tuple, length: int) -> None:
         """One decode step over the static buffers in ``st`` (captured as a CUDA graph on GPUs)."""
         rows = st["token"].shape[0]
-        st["valid"].index_fill_(1, st["slot"], True)
+        st["bias"].index_fill_(1, st["slot"], 0.0)
         angles = self._angles[st["position"]][:, None, None]  # [b, 1, 1, d]
         x = F.embedding(st["token"][:, None], self._params["embed"])  # [b, 1, hidden]
-        valid = st["valid"][:, None, None, :length]  # [b, 1, 1, L]: the prompt's padding and unwritten slots off
+        bias = st["bias"][:, None, None, :length]  # [b, 1, 1, L]: -inf at the prompt's padding and unwritten slots
         for i, (k_cache, v_cache) in enumerate(self._kv_cache()):
             q, k, v = self._attention_inputs(i, x, angles)
             k_cache[:rows].index_copy_(2, st["slot"], k)
@@ -307,7 +325,7 @@ class StaticEngine:
             keys, values = k_cache[:rows, :, :length], v_cache[:rows, :, :length]  # [b, kv, L, d]
             # one query per row over its cache, grouped heads as they are; on an H200 torch picks cuDNN's kernel:
             # 0.064 ms a layer at 512 rows x 384 slots, against 0.100 ms for a compiled matmul + fp32 softmax
-            attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=valid, enable_gqa=True)
+            attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=True)
             x = self._finish_layer(i, x, attended)
         self._sample(self._logits(x[:, 0]), st, mode)
         st["tokens"].index_copy_(1, st["step"], st["token"][:, None])
@@ -355,7 +373,9 @@ class StaticEngine:
             "position": torch.zeros(rows, dtype=torch.long, **kw),
             "slot": torch.zeros(1, dtype=torch.long, **kw),
             "step": torch.zeros(1, dtype=torch.long, **kw),
-            "valid": torch.zeros(rows, self.max_model_len, dtype=torch.bool, **kw),
+            # the attention mask as an additive bias in the model's dtype, kept step to step (a bool mask is
+            # converted by every layer's SDPA: three kernels a layer)
+            "bias": torch.zeros(rows, self.max_model_len, dtype=self.dtype, **kw),
             "temperature": torch.ones((), **kw),
             "tokens": torch.zeros(rows, limit, dtype=torch.long, **kw),
             "log_probs": torch.zeros(rows, limit, **kw),
@@ -404,8 +424,8 @@ class StaticEngine:
         prefill = self._mark("rollout/capture_s", start)
 
         last_logits = self._prefill(ids, mask, n).repeat_interleave(n, dim=0)
-        st["valid"].zero_()
-        st["valid"][:, :width] = mask.bool().repeat_interleave(n, dim=0)
+        st["bias"].fill_(float("-inf"))
+        st["bias"][:, :width].masked_fill_(mask.bool().repeat_interleave(n, dim=0), 0.0)
         st["position"].copy_(mask.sum(-1).repeat_interleave(n))
         st["slot"].fill_(width)
         self._sample(last_logits, st, mode)  # the first response token, from the prompt's last position
