@@ -1,6 +1,7 @@
 """Run diagnostics on CPU: comm shares from traces, GPU samples by phase, and the troubleshooting advice."""
 
 import gc
+import gzip
 import json
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from grpo_core.config import load_config
 from grpo_core.diagnostics import advice
 from grpo_core.diagnostics.gpu import Sample, gpu_metrics
-from grpo_core.diagnostics.profile import comm_shares, kernel_kind, kernel_shares, read_trace
+from grpo_core.diagnostics.profile import comm_shares, kernel_kind, kernel_shares, read_trace, top_kernels
 from grpo_core.models.shape import ModelShape
 from tests.support.tiny import capitals_data
 
@@ -89,6 +90,44 @@ def test_read_trace_keeps_only_what_the_shares_need(tmp_path):
     assert [e["name"] for e in kept] == ["update", "gloo:all_reduce", "sm90_gemm", "Memset (Device)"]
     assert comm_shares(kept, ["update"]) == comm_shares(events, ["update"])
     assert kernel_shares(kept, ["update"]) == kernel_shares(events, ["update"])
+
+
+def test_top_kernels_group_by_name_and_name_each_ones_launcher_through_the_correlation_ids(tmp_path):
+    def kernel(name, ts, dur, correlation=None):
+        return span(name, ts, dur, "kernel") | ({"args": {"correlation": correlation}} if correlation else {})
+
+    def launch(ts, correlation, tid=1):
+        return span("cudaLaunchKernel", ts, 2, "cuda_runtime") | {"tid": tid, "args": {"correlation": correlation}}
+
+    events = [
+        span("update", 0, 1000, "user_annotation"),
+        span("LinearBackward", 0, 100) | {"tid": 1},  # nested: LinearBackward > aten::mm, then aten::add
+        span("aten::mm", 10, 20) | {"tid": 1},
+        span("aten::add", 40, 10) | {"tid": 1},
+        span("aten::add", 40, 10) | {"tid": 2},  # another thread at the same time: not the launcher
+        launch(12, 1),
+        launch(42, 2),
+        launch(45, 3, tid=9),  # a thread without CPU ops
+        kernel("nvjet_gemm", 100, 300, correlation=1),
+        kernel("elementwise_add", 400, 50, correlation=2),
+        kernel("elementwise_add", 500, 70, correlation=3),
+        kernel("elementwise_add", 1500, 900),  # after the phase
+        span("Memset (Device)", 600, 5, "gpu_memset"),
+    ]
+    rows = top_kernels(events, "update")
+    assert [(r["kernel"], r["kind"], r["launches"], r["us"]) for r in rows] == [
+        ("nvjet_gemm", "gemm", 1, 300.0),
+        ("elementwise_add", "other", 2, 120.0),
+        ("Memset (Device)", "copy", 1, 5.0),
+    ]
+    assert [r["launched_by"] for r in rows] == ["aten::mm < LinearBackward", "aten::add < LinearBackward", ""]
+    assert top_kernels(events, "update", top=1) == rows[:1] and top_kernels(events, "gen") == []
+    # read back from a gzipped trace with the launches kept (without them, no launcher can be named)
+    path = tmp_path / "step_000003.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    assert top_kernels(read_trace(path, ["update"], launches=True), "update") == rows
+    assert top_kernels(read_trace(path, ["update"]), "update")[0]["launched_by"] == ""
 
 
 def test_gpu_metrics_average_each_phase_and_keep_the_peak_memory():

@@ -10,10 +10,14 @@ Overlapping spans count once. The share includes waiting for slower peers, as th
 
 ``kernel_shares`` says what bounds a slow GPU phase: the share of its wall time with no kernel or copy
 running (launch overheads, host work, syncs), and how its kernel time splits between GEMMs, attention,
-collectives, copies and the rest (element-wise kernels, reductions, the optimizer).
+collectives, copies and the rest (element-wise kernels, reductions, the optimizer); ``top_kernels`` goes
+down to the kernels themselves, each with the CPU op that launched it (``bench/trace_kernels.py`` prints them).
 """
 
+import gzip
 import json
+from bisect import bisect_right
+from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -27,6 +31,7 @@ KERNEL_KINDS = {
 }
 COPY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
 
+SCAN_BACK = 5000  # CPU ops looked back through for a launch's enclosing ones (a phase holds ~10^5)
 Spans = list[list[float]]  # sorted, disjoint [start, end] in microseconds
 
 
@@ -35,19 +40,22 @@ def is_comm(name: str) -> bool:
     return any(marker in lower for marker in COMM_MARKERS)
 
 
-def read_trace(path: Path, phases: Iterable[str]) -> list[dict]:
-    """The events of a chrome trace that ``comm_shares`` reads: phase spans, kernels, collectives. The rest
-    is dropped while parsing (a profiled generation phase can be a gigabyte of JSON)."""
+def read_trace(path: Path, phases: Iterable[str], launches: bool = False) -> list[dict]:
+    """The events of a chrome trace (``.json`` or ``.json.gz``) that the shares read: phase spans, kernels,
+    collectives; with ``launches``, also the CPU ops and runtime calls ``top_kernels`` names launchers by. The
+    rest is dropped while parsing (a profiled generation phase can be a gigabyte of JSON)."""
     phases = set(phases)
+    launch_categories = ("cpu_op", "cuda_runtime") if launches else ()
 
     def keep(obj: dict) -> dict | None:
         if "ph" not in obj:  # an event's args, or the file's header
             return obj
         cat, name = obj.get("cat"), str(obj.get("name", ""))
         busy = cat == "kernel" or cat in COPY_CATEGORIES
-        return obj if busy or (cat == "user_annotation" and name in phases) or is_comm(name) else None
+        wanted = busy or (cat == "user_annotation" and name in phases) or is_comm(name) or cat in launch_categories
+        return obj if wanted else None
 
-    with open(path) as f:
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "rt") as f:
         trace = json.load(f, object_hook=keep)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     return [e for e in events if e is not None]
@@ -92,9 +100,7 @@ def kernel_shares(events: list[dict], phases: Iterable[str]) -> dict[str, float]
     busy = _merge(_span(e) for e in busy_events)
     metrics = {}
     for phase in phases:
-        windows = _merge(
-            _span(e) for e in events if e.get("cat") == "user_annotation" and e.get("name") == phase and "dur" in e
-        )
+        windows = _windows(events, phase)
         if not windows:
             continue
         metrics[f"profile/idle_share_{phase}"] = 1 - _overlap(busy, windows) / _length(windows)
@@ -105,6 +111,56 @@ def kernel_shares(events: list[dict], phases: Iterable[str]) -> dict[str, float]
         for kind, seconds in by_kind.items():
             metrics[f"profile/{kind}_time_share_{phase}"] = seconds / total if total else 0.0
     return metrics
+
+
+def top_kernels(events: list[dict], phase: str, top: int = 15) -> list[dict]:
+    """The kernels and copies that start in ``phase``, grouped by name, the most time first: ``kernel``,
+    ``kind``, ``launches``, ``us`` (their total), and ``launched_by``, the innermost CPU ops around the first
+    one's launch (joined through the trace's correlation ids; "" where the trace has none, e.g. a CUDA graph's
+    replay). A fused or element-wise kernel's name rarely says which line of the model it comes from."""
+    windows = _windows(events, phase)
+    runtime = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_runtime" and "args" in e}
+    ops: dict[int, list[dict]] = defaultdict(list)
+    for op in sorted((e for e in events if e.get("cat") == "cpu_op" and "dur" in e), key=lambda e: e["ts"]):
+        ops[op["tid"]].append(op)
+    starts = {tid: [op["ts"] for op in thread] for tid, thread in ops.items()}
+
+    def launcher(kernel: dict) -> str:
+        call = runtime.get(kernel.get("args", {}).get("correlation"))
+        if call is None:
+            return ""
+        thread, around = ops.get(call["tid"], []), []
+        last = bisect_right(starts.get(call["tid"], []), call["ts"])
+        for i in range(last - 1, max(last - SCAN_BACK, 0) - 1, -1):  # the innermost first
+            if thread[i]["ts"] + thread[i]["dur"] >= call["ts"]:
+                around.append(thread[i]["name"])
+                if len(around) == 3:
+                    break
+        return " < ".join(around)
+
+    groups: dict[str, dict] = {}
+    for event in events:
+        busy = event.get("cat") == "kernel" or event.get("cat") in COPY_CATEGORIES
+        if busy and "dur" in event and _inside(event, windows):
+            group = groups.setdefault(
+                event["name"], {"kernel": event["name"], "kind": kernel_kind(event), "launches": 0, "us": 0.0}
+            )
+            group["launches"] += 1
+            group["us"] += float(event["dur"])
+            if "launched_by" not in group:
+                group["launched_by"] = launcher(event)
+    return sorted(groups.values(), key=lambda g: -g["us"])[:top]
+
+
+def _windows(events: list[dict], phase: str) -> Spans:
+    return _merge(
+        _span(e) for e in events if e.get("cat") == "user_annotation" and e.get("name") == phase and "dur" in e
+    )
+
+
+def _inside(event: dict, windows: Spans) -> bool:
+    start = float(event["ts"])
+    return any(a <= start < b for a, b in windows)
 
 
 def _share(comm: Spans, busy: Spans | None, windows: Spans) -> float:

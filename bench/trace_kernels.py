@@ -1,0 +1,34 @@
+"""A profiled step's kernels, phase by phase, the most time first, each with the CPU op that launched it: what
+the ``profile/*_share_<phase>`` metrics summarise, down to the kernel (which fusion to write next).
+
+    python3 bench/trace_kernels.py RUN_DIR/profile/step_000003.json.gz [--top 15]
+
+(from a run with ``trainer.profile_steps=[3]``).
+"""
+
+import argparse
+from pathlib import Path
+
+from grpo_core.diagnostics.profile import kernel_shares, read_trace, top_kernels
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trace", type=Path)
+    parser.add_argument("--phases", nargs="+", default=["gen", "old_log_prob", "ref", "update", "sync"])
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    events = read_trace(args.trace, args.phases, launches=True)
+    shares = kernel_shares(events, args.phases)
+    for phase in args.phases:
+        rows = top_kernels(events, phase, args.top)
+        if not rows:
+            continue
+        print(f"\n{phase}: idle {100 * shares[f'profile/idle_share_{phase}']:.0f}% of its wall time")
+        print("| ms | launches | kind | kernel | launched by |\n| --- | --- | --- | --- | --- |")
+        for r in rows:
+            print(f"| {r['us'] / 1e3:.1f} | {r['launches']} | {r['kind']} | {r['kernel'][:80]} | {r['launched_by']} |")
+
+
+if __name__ == "__main__":
+    main()
