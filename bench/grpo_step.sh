@@ -7,7 +7,9 @@
 # with "7b", Qwen2.5-7B at
 # TP=2 on two. Metrics under OUT/<run>/metrics.jsonl; a table last.
 # EXTRA: overrides added to every run (trainer.profile_steps=[N] adds a table of where step N's GPU time
-# went). Models and checkpoints (tens of GB) go to WORK (default /tmp/bench-work).
+# went, and OUT/<run>/kernels_step_00000N.md: each phase's heaviest kernels with their launchers, from
+# bench/trace_kernels.py).
+# Models and checkpoints (tens of GB) go to WORK (default /tmp/bench-work).
 set -uo pipefail
 tok=$1 data=$2 out=$3 big=${4:-} work=${WORK:-/tmp/bench-work}
 mkdir -p "$out" "$work"
@@ -21,6 +23,9 @@ run() {  # name, model, overrides...
     trainer.default_local_dir="$work/$name" trainer.resume_mode=disable trainer.total_training_steps=3 \
     trainer.save_freq=-1 trainer.logger=[console] "$@" ${EXTRA:-} > "$out/$name.log" 2>&1 || echo "$name failed: $(tail -3 "$out/$name.log")"
   mkdir -p "$out/$name" && cp "$work/$name/metrics.jsonl" "$out/$name/" 2>/dev/null
+  for trace in "$work/$name"/profile/*.json.gz; do
+    [ -f "$trace" ] && python3 bench/trace_kernels.py "$trace" > "$out/$name/kernels_$(basename "$trace" .json.gz).md"
+  done
 }
 runs=${RUNS:-rows budget}
 [[ $runs == *rows* ]] && run qwen1.5b_tp1 Qwen2.5-1.5B
