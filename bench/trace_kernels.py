@@ -18,12 +18,12 @@ def main() -> None:
     parser.add_argument("--phases", nargs="+", default=["gen", "old_log_prob", "ref", "update", "sync"])
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args()
-    events = read_trace(args.trace, args.phases, launches=True)
+    try:
+        events = read_trace(args.trace, args.phases, launches=True)
+    except (OSError, ValueError, KeyError) as error:  # missing, not gzip, not JSON, not a chrome trace
+        parser.error(f"cannot read {args.trace} as a chrome trace: {error!r}")
     shares = kernel_shares(events, args.phases)
-    for phase in args.phases:
-        rows = top_kernels(events, phase, args.top)
-        if not rows:
-            continue
+    for phase, rows in top_kernels(events, args.phases, args.top).items():
         print(f"\n{phase}: idle {100 * shares[f'profile/idle_share_{phase}']:.0f}% of its wall time")
         print("| ms | launches | kind | kernel | launched by |\n| --- | --- | --- | --- | --- |")
         for r in rows:

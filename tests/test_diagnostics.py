@@ -114,20 +114,20 @@ def test_top_kernels_group_by_name_and_name_each_ones_launcher_through_the_corre
         kernel("elementwise_add", 1500, 900),  # after the phase
         span("Memset (Device)", 600, 5, "gpu_memset"),
     ]
-    rows = top_kernels(events, "update")
+    rows = top_kernels(events, ["update", "gen"])["update"]
     assert [(r["kernel"], r["kind"], r["launches"], r["us"]) for r in rows] == [
         ("nvjet_gemm", "gemm", 1, 300.0),
         ("elementwise_add", "other", 2, 120.0),
         ("Memset (Device)", "copy", 1, 5.0),
     ]
     assert [r["launched_by"] for r in rows] == ["aten::mm < LinearBackward", "aten::add < LinearBackward", ""]
-    assert top_kernels(events, "update", top=1) == rows[:1] and top_kernels(events, "gen") == []
+    assert top_kernels(events, ["update"], top=1)["update"] == rows[:1] and top_kernels(events, ["gen"]) == {}
     # read back from a gzipped trace with the launches kept (without them, no launcher can be named)
     path = tmp_path / "step_000003.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": events}, f)
-    assert top_kernels(read_trace(path, ["update"], launches=True), "update") == rows
-    assert top_kernels(read_trace(path, ["update"]), "update")[0]["launched_by"] == ""
+    assert top_kernels(read_trace(path, ["update"], launches=True), ["update"])["update"] == rows
+    assert top_kernels(read_trace(path, ["update"]), ["update"])["update"][0]["launched_by"] == ""
 
 
 def test_gpu_metrics_average_each_phase_and_keep_the_peak_memory():

@@ -73,7 +73,7 @@ def comm_shares(events: list[dict], phases: Iterable[str]) -> dict[str, float]:
         comm = _merge(_span(e) for e in spans if e.get("cat") != "kernel" and is_comm(e["name"]))
     metrics, all_windows = {}, []
     for phase in phases:
-        windows = _merge(_span(e) for e in spans if e.get("cat") == "user_annotation" and e["name"] == phase)
+        windows = _windows(spans, phase)
         if windows:
             all_windows += windows
             metrics[f"profile/comm_share_{phase}"] = _share(comm, busy, windows)
@@ -113,12 +113,12 @@ def kernel_shares(events: list[dict], phases: Iterable[str]) -> dict[str, float]
     return metrics
 
 
-def top_kernels(events: list[dict], phase: str, top: int = 15) -> list[dict]:
-    """The kernels and copies that start in ``phase``, grouped by name, the most time first: ``kernel``,
-    ``kind``, ``launches``, ``us`` (their total), and ``launched_by``, the innermost CPU ops around the first
-    one's launch (joined through the trace's correlation ids; "" where the trace has none, e.g. a CUDA graph's
-    replay). A fused or element-wise kernel's name rarely says which line of the model it comes from."""
-    windows = _windows(events, phase)
+def top_kernels(events: list[dict], phases: Iterable[str], top: int = 15) -> dict[str, list[dict]]:
+    """Per phase found in the trace, the kernels and copies that start in it, grouped by name, the most time
+    first: ``kernel``, ``kind``, ``launches``, ``us`` (their total), and ``launched_by``, the innermost CPU ops
+    around the first one's launch (joined through the trace's correlation ids; "" where the trace has none,
+    e.g. a CUDA graph's replay). A fused or element-wise kernel's name rarely says which line of the model it
+    comes from."""
     runtime = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_runtime" and "args" in e}
     ops: dict[int, list[dict]] = defaultdict(list)
     for op in sorted((e for e in events if e.get("cat") == "cpu_op" and "dur" in e), key=lambda e: e["ts"]):
@@ -138,29 +138,30 @@ def top_kernels(events: list[dict], phase: str, top: int = 15) -> list[dict]:
                     break
         return " < ".join(around)
 
-    groups: dict[str, dict] = {}
-    for event in events:
-        busy = event.get("cat") == "kernel" or event.get("cat") in COPY_CATEGORIES
-        if busy and "dur" in event and _inside(event, windows):
-            group = groups.setdefault(
-                event["name"], {"kernel": event["name"], "kind": kernel_kind(event), "launches": 0, "us": 0.0}
-            )
-            group["launches"] += 1
-            group["us"] += float(event["dur"])
-            if "launched_by" not in group:
-                group["launched_by"] = launcher(event)
-    return sorted(groups.values(), key=lambda g: -g["us"])[:top]
+    busy = [e for e in events if (e.get("cat") == "kernel" or e.get("cat") in COPY_CATEGORIES) and "dur" in e]
+    tables = {}
+    for phase in phases:
+        windows = _windows(events, phase)
+        if not windows:
+            continue
+        groups: dict[str, dict] = {}
+        for event in busy:
+            if any(a <= float(event["ts"]) < b for a, b in windows):
+                group = groups.setdefault(
+                    event["name"], {"kernel": event["name"], "kind": kernel_kind(event), "launches": 0, "us": 0.0}
+                )
+                group["launches"] += 1
+                group["us"] += float(event["dur"])
+                if "launched_by" not in group:
+                    group["launched_by"] = launcher(event)
+        tables[phase] = sorted(groups.values(), key=lambda g: -g["us"])[:top]
+    return tables
 
 
 def _windows(events: list[dict], phase: str) -> Spans:
     return _merge(
         _span(e) for e in events if e.get("cat") == "user_annotation" and e.get("name") == phase and "dur" in e
     )
-
-
-def _inside(event: dict, windows: Spans) -> bool:
-    start = float(event["ts"])
-    return any(a <= start < b for a, b in windows)
 
 
 def _share(comm: Spans, busy: Spans | None, windows: Spans) -> float:
