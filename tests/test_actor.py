@@ -4,6 +4,7 @@ token budget, and so do the GRPO family's updates (GSPO, rollout IS, RLOO's and 
 for every loss aggregation mode the update does not depend on the micro-batching (rows or a token budget)
 or on DP; and a few updates move the log-probs of positive-advantage responses up and of negative ones down."""
 
+import inspect
 import json
 
 import pytest
@@ -459,6 +460,51 @@ def test_packed_rope_restarts_positions_like_megatrons_per_sequence_loop():
     cu = torch.tensor([0, 5, 7, 12], dtype=torch.int32)
     ref = _apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=OneRank())
     torch.testing.assert_close(fused._rope_thd(t, cu, freqs), ref, atol=1e-6, rtol=0)
+    # the angles' cos and sin are computed once for the queries and keys of every layer, again for a new pack
+    first = fused._cos_sin.get(t.dtype, freqs, cu, 12)
+    assert fused._cos_sin.get(t.dtype, freqs, cu, 12) is first
+    other = cu.clone()
+    assert fused._cos_sin.get(t.dtype, freqs, other, 12) is not first
+    torch.testing.assert_close(fused._rope_thd(t, other, freqs), ref, atol=1e-6, rtol=0)
+    # padded rows [s, b, heads, d] and a partial rotation (half of each head) through the general form
+    from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
+
+    rows = torch.randn(7, 2, 3, 8)
+    torch.testing.assert_close(
+        fused._rope_bshd(rows, freqs), _apply_rotary_pos_emb_bshd(rows, freqs), atol=1e-6, rtol=0
+    )
+    half = freqs[..., :4]
+    torch.testing.assert_close(fused._rope_bshd(rows, half), _apply_rotary_pos_emb_bshd(rows, half), atol=1e-6, rtol=0)
+
+
+def test_linear_bias_added_after_megatrons_gemm_keeps_its_outputs_and_gradients(monkeypatch):
+    """``install_bias_add``: megatron's two linear functions run without the bias and add it after; outputs and the
+    input, weight and bias gradients are those of ``F.linear``."""
+    from megatron.core.tensor_parallel import layers
+
+    from grpo_core.models import fused
+
+    fn = layers.LinearWithGradAccumulationAndAsyncCommunication
+    extra = (None,) * (len(inspect.signature(fn.forward).parameters) - 10)  # 0.19's gtp_remat_size
+    for cls in (layers.LinearWithFrozenWeight, fn):
+        monkeypatch.setattr(cls, "forward", cls.__dict__["forward"])  # restored after the test
+    fused.install_bias_add()
+    fused.install_bias_add()  # twice: wrapped once
+    assert fn.forward.adds_bias_compiled and fn.forward.__kwdefaults__["_forward"].__name__ == "forward"
+    torch.manual_seed(0)
+    x = torch.randn(5, 2, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(5, 2, 6, dtype=torch.float64)
+    ref = torch.nn.functional.linear(x, weight, bias)
+    expected = torch.autograd.grad(ref, (x, weight, bias), g)
+    out = fn.apply(x, weight, bias, False, False, False, None, 0, None, *extra)
+    torch.testing.assert_close(out, ref)
+    for got, want in zip(torch.autograd.grad(out, (x, weight, bias), g), expected, strict=True):
+        torch.testing.assert_close(got, want)
+    frozen = layers.LinearWithFrozenWeight.apply(x, weight.detach(), bias.detach(), False, None)
+    torch.testing.assert_close(frozen, ref)
+    torch.testing.assert_close(torch.autograd.grad(frozen, x, g)[0], expected[0])
 
 
 def test_swiglu_backward_is_the_autograd_gradient_of_silu_gate_times_up():

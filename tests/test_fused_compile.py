@@ -74,3 +74,17 @@ def test_rms_norm_inside_another_compiled_function():
     x, weight = torch.randn(6, 1, H), torch.randn(H)
     block = torch.compile(lambda x, w: fused.compiled_rms_norm(x, w, 1e-6) * 2)
     torch.testing.assert_close(block(x, weight), 2 * fused._rms_norm(x, weight, 1e-6), atol=1e-5, rtol=1e-5)
+
+
+def test_engine_rope_takes_a_graph_for_prefill_and_one_for_decode():
+    """The engine's RoPE (queries and keys rotated, values copied) against megatron's per-call form, compiled over
+    the engine's layouts: prefill [u, heads, P, d] at several widths and decode [b, heads, 1, d] at several batches."""
+    torch._dynamo.reset()
+    heads, rotated = 8, 6  # 4 query and 2 key heads rotated, 2 value heads copied
+    for b, s in ((64, 120), (64, 93), (48, 77), (512, 1), (256, 1), (3, 1)):
+        t = torch.randn(b, s, heads, D).transpose(1, 2)
+        angles = torch.rand(b, 1, s, D) * 50
+        out = fused.compiled_rope(t, angles.cos(), angles.sin(), rotated)
+        torch.testing.assert_close(out[:, :rotated], fused._rope(t[:, :rotated], angles), atol=1e-5, rtol=1e-5)
+        assert torch.equal(out[:, rotated:], t[:, rotated:])
+    assert _graphs(fused._rope_heads) <= 2

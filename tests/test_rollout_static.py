@@ -80,7 +80,7 @@ def test_greedy_matches_transformers_generate(kind, tmp_path):
 
 def test_attended_length_grows_with_the_written_slots(tmp_path, monkeypatch):
     """With 4-slot buckets a chunk's decode steps cross several lengths; greedy tokens and log-probs are
-    those of one length over the whole cache (the default bucket: 128 = max_model_len) and the model's.
+    those of the default bucket (64: at most two lengths over the 128-slot cache) and the model's.
     Without ``grow_length`` every step of a chunk attends over the chunk's whole length, same tokens."""
     from grpo_core.rollout import static
 

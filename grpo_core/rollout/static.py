@@ -36,7 +36,9 @@ from grpo_core.models.shape import ModelShape
 from grpo_core.rollout.base import DTYPES, Generation, SamplingSettings, generate_in_chunks
 
 EARLY_STOP_EVERY = 32  # decode steps between checks (a host sync) that every row has stopped
-LENGTH_BUCKET = 128  # cache lengths attended to are rounded up to this, so few graphs are captured
+# cache lengths attended to are rounded up to this, so few graphs are captured; on an H200 at 512 rows a decode
+# step's attention took 1.41 ms with 64, 1.57 ms with 128 (fewer unwritten slots read)
+LENGTH_BUCKET = 64
 SAMPLE_BLOCK = 128  # vocabulary columns per block of the sampler's two-level inverse CDF (151,936 = 1,187 x 128)
 
 
@@ -45,8 +47,12 @@ def sample(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [b, V] -> (sampled token [b], its log-prob under the model at temperature 1 [b]).
 
-    No host round trip, so it can be captured in a CUDA graph; on GPUs it runs compiled."""
+    No host round trip, so it can be captured in a CUDA graph; on GPUs it runs compiled, where the
+    normaliser below and the sampler's block masses come from one read of the logits."""
     logits = logits.float()
+    top, sums = block_stats(logits)
+    peak = top.amax(-1)
+    log_z = peak + (sums * (top - peak[:, None]).exp()).sum(-1).log()  # logsumexp(logits)
     if greedy:
         token = logits.argmax(-1)
     else:
@@ -60,24 +66,36 @@ def sample(
             before = probs.cumsum(-1) - probs  # the mass of the tokens ranked above
             scaled = scaled.scatter(-1, order, ordered.masked_fill(before > top_p, float("-inf")))
         token = inverse_cdf(scaled)
-    log_prob = logits.gather(-1, token.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+    log_prob = logits.gather(-1, token.unsqueeze(-1)).squeeze(-1) - log_z
     return token, log_prob
+
+
+def block_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [b, V] -> each block of ``SAMPLE_BLOCK`` columns' max and sum of exp(x - max), [b, blocks] each: the
+    softmax's pieces from a single read of ``x`` (a block is reduced in registers). A block with no finite
+    column gets a finite max, so its sum is 0, not NaN."""
+    b, vocab = x.shape
+    blocks = F.pad(x, (0, -vocab % SAMPLE_BLOCK), value=float("-inf")).view(b, -1, SAMPLE_BLOCK)
+    top = blocks.amax(-1).clamp(min=torch.finfo(torch.float32).min)
+    return top, (blocks - top[..., None]).exp().sum(-1)
 
 
 def inverse_cdf(scaled: torch.Tensor) -> torch.Tensor:
     """A token per row drawn from softmax(``scaled``) [b, V] by inverting its CDF in two levels: a block of
-    ``SAMPLE_BLOCK`` columns by the blocks' masses, then a column within it. One random number a row, where
-    Gumbel-max drew one per logit (a 311 MB noise tensor at 512 x 151,936): on an H200 the compiled sampler takes
-    0.32 ms a decode step in a CUDA graph, against 0.46 ms with Gumbel-max."""
+    ``SAMPLE_BLOCK`` columns by the blocks' masses, then a column within it, its weights recomputed from the
+    block's own columns (nothing vocabulary-sized is written). One random number a row, where Gumbel-max drew
+    one per logit (a 311 MB noise tensor at 512 x 151,936)."""
     b, vocab = scaled.shape
-    weights = (scaled - scaled.amax(-1, keepdim=True)).exp()  # unnormalised; 0 where masked (-inf)
-    blocks = F.pad(weights, (0, -vocab % SAMPLE_BLOCK)).view(b, -1, SAMPLE_BLOCK)
-    mass = blocks.sum(-1).cumsum(-1)  # [b, blocks]: the mass up to and including each block
+    top, sums = block_stats(scaled)
+    peak = top.amax(-1, keepdim=True)
+    mass = (sums * (top - peak).exp()).cumsum(-1)  # [b, blocks]: the mass up to and including each block
     # u in (0, 1], so the target is > 0 and the column found has a positive weight
     target = (1.0 - torch.rand(b, 1, device=scaled.device)) * mass[:, -1:]
     block = torch.searchsorted(mass, target).clamp(max=mass.shape[1] - 1)  # first block reaching the target
     before = torch.where(block > 0, mass.gather(1, (block - 1).clamp(min=0)), 0.0)
-    inside = blocks.gather(1, block[:, :, None].expand(b, 1, SAMPLE_BLOCK)).squeeze(1).cumsum(-1)  # [b, BLOCK]
+    columns = block * SAMPLE_BLOCK + torch.arange(SAMPLE_BLOCK, device=scaled.device)  # [b, BLOCK]
+    chosen = scaled.gather(1, columns.clamp(max=vocab - 1)).masked_fill(columns >= vocab, float("-inf"))
+    inside = (chosen - peak).exp().cumsum(-1)  # the block's weights on the masses' scale
     rest = torch.minimum(target - before, inside[:, -1:])  # > 0; at most the block's own sum (rounding)
     column = torch.searchsorted(inside, rest)
     return (block * SAMPLE_BLOCK + column).squeeze(1)
@@ -145,7 +163,7 @@ class StaticEngine:
         inv_freq = 1.0 / shape.rope_theta ** (torch.arange(0, shape.head_dim, 2, dtype=torch.float32) / shape.head_dim)
         freqs = torch.outer(torch.arange(max_model_len, dtype=torch.float32), inv_freq)
         self._angles = torch.cat((freqs, freqs), dim=-1).to(self.device)  # [max_model_len, head_dim], fp32
-        self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._cache: list[torch.Tensor] | None = None
         # (rows, new tokens, mode) -> (buffers, {attended length: step over those buffers})
         self._decoders: dict[tuple, tuple[dict, dict[int, Callable[[], None]]]] = {}
         self._pool = None
@@ -231,17 +249,13 @@ class StaticEngine:
 
     # ---- memory -----------------------------------------------------------------------------------
 
-    def _kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _kv_cache(self) -> list[torch.Tensor]:
+        """Per layer, keys and values in one tensor [rows, 2 * kv_heads, slots, d] (the keys' heads first): a decode
+        step writes both with one copy."""
         if self._cache is None:
             s = self.shape
-            size = (self.max_batch_size, s.num_kv_heads, self.max_model_len, s.head_dim)
-            self._cache = [
-                (
-                    torch.zeros(size, dtype=self.dtype, device=self.device),
-                    torch.zeros(size, dtype=self.dtype, device=self.device),
-                )
-                for _ in range(s.num_layers)
-            ]
+            size = (self.max_batch_size, 2 * s.num_kv_heads, self.max_model_len, s.head_dim)
+            self._cache = [torch.zeros(size, dtype=self.dtype, device=self.device) for _ in range(s.num_layers)]
         return self._cache
 
     def sleep(self) -> None:
@@ -255,8 +269,13 @@ class StaticEngine:
 
     # ---- the model --------------------------------------------------------------------------------
 
-    def _attention_inputs(self, i: int, x: torch.Tensor, angles: torch.Tensor):
-        """x [b, s, hidden] -> q [b, heads, s, d], k and v [b, kv_heads, s, d], rotated."""
+    def _rotation(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos and sin [b, 1, s, d] at ``positions`` [b, s] in the model's dtype, for all layers of a forward."""
+        angles = self._angles[positions].unsqueeze(1)
+        return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
+
+    def _attention_inputs(self, i: int, x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]):
+        """x [b, s, hidden] -> q [b, heads, s, d] and keys-then-values [b, 2 * kv_heads, s, d], rotated."""
         s, p = self.shape, self._params
         b, t, _ = x.shape
         h = rms_norm(x, p[f"{i}.input_norm"], s.norm_eps)
@@ -266,10 +285,10 @@ class StaticEngine:
         if s.qk_norm:
             q, k, v = qkv.split([heads, kv_heads, kv_heads], 1)
             q, k = rms_norm(q, p[f"{i}.q_norm"], s.norm_eps), rms_norm(k, p[f"{i}.k_norm"], s.norm_eps)
-            return rope(q, angles), rope(k, angles), v
-        # queries and keys rotated in one kernel (a decode step ran two 6 us kernels a layer)
-        q, k = rope(qkv[:, : heads + kv_heads], angles).split([heads, kv_heads], 1)
-        return q, k, qkv[:, heads + kv_heads :]
+            return rope(q, *rotation), torch.cat((rope(k, *rotation), v), 1)
+        # queries and keys rotated, values copied, in one kernel: the cache takes keys and values in one copy
+        q, kv = rope(qkv, *rotation, rotated=heads + kv_heads).split([heads, 2 * kv_heads], 1)
+        return q, kv
 
     def _finish_layer(self, i: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """attended [b, heads, s, d] -> the layer's output: o_proj, residual, SwiGLU MLP, residual."""
@@ -287,7 +306,7 @@ class StaticEngine:
     def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, rows_per_prompt: int) -> torch.Tensor:
         """Run left-padded prompts [u, P]; write their K/V into cache rows (n per prompt); last logits [u, V]."""
         u, width = ids.shape
-        angles = self._angles[(mask.cumsum(-1) - 1).clamp(min=0)].unsqueeze(1)  # [u, 1, P, d]
+        rotation = self._rotation((mask.cumsum(-1) - 1).clamp(min=0))
         causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
         allowed = (causal[None] & mask[:, None, :].bool()) | torch.eye(width, dtype=torch.bool, device=ids.device)
         # as an additive bias [u, 1, P, P] (a padding query sees itself, so no row is empty), its rows 8-aligned
@@ -296,12 +315,12 @@ class StaticEngine:
         bias = torch.full((u, 1, width, aligned), float("-inf"), dtype=self.dtype, device=ids.device)[..., :width]
         bias.masked_fill_(allowed.unsqueeze(1), 0.0)
         x = F.embedding(ids, self._params["embed"])
-        group = self.shape.num_attention_heads // self.shape.num_kv_heads
-        for i, (k_cache, v_cache) in enumerate(self._kv_cache()):
-            q, k, v = self._attention_inputs(i, x, angles)
-            rows = u * rows_per_prompt
-            k_cache[:rows, :, :width] = k.repeat_interleave(rows_per_prompt, dim=0)
-            v_cache[:rows, :, :width] = v.repeat_interleave(rows_per_prompt, dim=0)
+        kv_heads = self.shape.num_kv_heads
+        group = self.shape.num_attention_heads // kv_heads
+        for i, cache in enumerate(self._kv_cache()):
+            q, kv = self._attention_inputs(i, x, rotation)
+            cache[: u * rows_per_prompt, :, :width] = kv.repeat_interleave(rows_per_prompt, dim=0)
+            k, v = kv.split(kv_heads, 1)
             # torch's memory-efficient kernel (it takes no grouped heads, so they are repeated) rather than the
             # cuDNN one SDPA picks on an H200: cuDNN builds a graph per prompt width (0.07 s each on a warm
             # machine; on fresh ones the GRPO steps that met new widths spent 1.0-1.6 s more in prefill)
@@ -315,14 +334,14 @@ class StaticEngine:
         """One decode step over the static buffers in ``st`` (captured as a CUDA graph on GPUs)."""
         rows = st["token"].shape[0]
         st["bias"].index_fill_(1, st["slot"], 0.0)
-        angles = self._angles[st["position"]][:, None, None]  # [b, 1, 1, d]
+        rotation = self._rotation(st["position"][:, None])
         x = F.embedding(st["token"][:, None], self._params["embed"])  # [b, 1, hidden]
         bias = st["bias"][:, None, None, :length]  # [b, 1, 1, L]: -inf at the prompt's padding and unwritten slots
-        for i, (k_cache, v_cache) in enumerate(self._kv_cache()):
-            q, k, v = self._attention_inputs(i, x, angles)
-            k_cache[:rows].index_copy_(2, st["slot"], k)
-            v_cache[:rows].index_copy_(2, st["slot"], v)
-            keys, values = k_cache[:rows, :, :length], v_cache[:rows, :, :length]  # [b, kv, L, d]
+        kv_heads = self.shape.num_kv_heads
+        for i, cache in enumerate(self._kv_cache()):
+            q, kv = self._attention_inputs(i, x, rotation)
+            cache[:rows].index_copy_(2, st["slot"], kv)
+            keys, values = cache[:rows, :, :length].split(kv_heads, 1)  # [b, kv, L, d] each
             # one query per row over its cache, grouped heads as they are; on an H200 torch picks cuDNN's kernel:
             # 0.064 ms a layer at 512 rows x 384 slots, against 0.100 ms for a compiled matmul + fp32 softmax
             attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=True)
