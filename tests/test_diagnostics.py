@@ -3,6 +3,9 @@
 import gc
 import gzip
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +13,14 @@ import torch
 from grpo_core.config import load_config
 from grpo_core.diagnostics import advice
 from grpo_core.diagnostics.gpu import Sample, gpu_metrics
-from grpo_core.diagnostics.profile import comm_shares, kernel_kind, kernel_shares, read_trace, top_kernels
+from grpo_core.diagnostics.profile import (
+    comm_shares,
+    idle_gaps,
+    kernel_kind,
+    kernel_shares,
+    read_trace,
+    top_kernels,
+)
 from grpo_core.models.shape import ModelShape
 from tests.support.tiny import capitals_data
 
@@ -128,6 +138,37 @@ def test_top_kernels_group_by_name_and_name_each_ones_launcher_through_the_corre
         json.dump({"traceEvents": events}, f)
     assert top_kernels(read_trace(path, ["update"], launches=True), ["update"])["update"] == rows
     assert top_kernels(read_trace(path, ["update"]), ["update"])["update"][0]["launched_by"] == ""
+
+
+def test_idle_gaps_are_the_longest_stretches_without_kernels_with_what_the_host_was_in(tmp_path):
+    events = [
+        span("update", 0, 1000, "user_annotation"),
+        span("Optimizer.step", 0, 300) | {"tid": 1},
+        span("aten::item", 150, 100) | {"tid": 1},  # a sync: the host waits from 150 to 250
+        span("aten::mm", 255, 10) | {"tid": 1},
+        span("cudaLaunchKernel", 258, 2, "cuda_runtime") | {"tid": 1, "args": {"correlation": 4}},
+        span("sm90_gemm", 0, 100, "kernel"),
+        span("elementwise", 90, 60, "kernel"),  # overlaps the GEMM: busy 0..150
+        span("sm90_gemm", 260, 700, "kernel") | {"args": {"correlation": 4}},
+        span("sm90_gemm", 1200, 10, "kernel"),  # after the phase
+    ]
+    gaps = idle_gaps(events, ["update", "gen"])
+    assert list(gaps) == ["update"]
+    assert [(g["at_ms"], g["us"], g["host"], g["then"]) for g in gaps["update"]] == [
+        (0.15, 110.0, "aten::item < Optimizer.step", "aten::mm < Optimizer.step"),
+        (0.96, 40.0, "", ""),  # to the phase's end; the next kernel has no launch in the trace
+    ]
+    assert len(idle_gaps(events, ["update"], top=1)["update"]) == 1
+    # bench/trace_kernels.py prints them under each phase's kernels; a file that is no trace: one line, exit 2
+    path = tmp_path / "step_000002.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    script = Path(__file__).parents[1] / "bench" / "trace_kernels.py"
+    printed = subprocess.run([sys.executable, script, path], capture_output=True, text=True, check=True).stdout
+    assert "| 0.11 | 0.1 | aten::item < Optimizer.step | aten::mm < Optimizer.step |" in printed
+    (tmp_path / "bad.json").write_text("{")
+    bad = subprocess.run([sys.executable, script, tmp_path / "bad.json"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "cannot read" in bad.stderr.splitlines()[-1]
 
 
 def test_gpu_metrics_average_each_phase_and_keep_the_peak_memory():

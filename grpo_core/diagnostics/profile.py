@@ -11,7 +11,8 @@ Overlapping spans count once. The share includes waiting for slower peers, as th
 ``kernel_shares`` says what bounds a slow GPU phase: the share of its wall time with no kernel or copy
 running (launch overheads, host work, syncs), and how its kernel time splits between GEMMs, attention,
 collectives, copies and the rest (element-wise kernels, reductions, the optimizer); ``top_kernels`` goes
-down to the kernels themselves, each with the CPU op that launched it (``bench/trace_kernels.py`` prints them).
+down to the kernels themselves, each with the CPU op that launched it, and ``idle_gaps`` to the longest idle
+stretches with what the host was doing in them (``bench/trace_kernels.py`` prints both).
 """
 
 import gzip
@@ -113,32 +114,47 @@ def kernel_shares(events: list[dict], phases: Iterable[str]) -> dict[str, float]
     return metrics
 
 
+class _CpuOps:
+    """The trace's CPU ops by thread, to say which ones enclose a moment (a kernel's launch, an idle gap)."""
+
+    def __init__(self, events: list[dict]) -> None:
+        self.runtime = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_runtime" and "args" in e}
+        self.ops: dict[int, list[dict]] = defaultdict(list)
+        for op in sorted((e for e in events if e.get("cat") == "cpu_op" and "dur" in e), key=lambda e: e["ts"]):
+            self.ops[op["tid"]].append(op)
+        self.starts = {tid: [op["ts"] for op in thread] for tid, thread in self.ops.items()}
+
+    def launch(self, kernel: dict) -> dict | None:
+        """The runtime call that launched ``kernel`` (None without a correlation id, e.g. a CUDA graph's replay)."""
+        return self.runtime.get(kernel.get("args", {}).get("correlation"))
+
+    def around(self, tid: int, ts: float, depth: int = 3) -> str:
+        """The innermost ``depth`` ops of thread ``tid`` running at ``ts``, innermost first."""
+        thread, found = self.ops.get(tid, []), []
+        last = bisect_right(self.starts.get(tid, []), ts)
+        for i in range(last - 1, max(last - SCAN_BACK, 0) - 1, -1):
+            if thread[i]["ts"] + thread[i]["dur"] >= ts:
+                found.append(thread[i]["name"])
+                if len(found) == depth:
+                    break
+        return " < ".join(found)
+
+    def launcher(self, kernel: dict) -> str:
+        call = self.launch(kernel)
+        return "" if call is None else self.around(call["tid"], call["ts"])
+
+
+def _busy(events: list[dict]) -> list[dict]:
+    return [e for e in events if (e.get("cat") == "kernel" or e.get("cat") in COPY_CATEGORIES) and "dur" in e]
+
+
 def top_kernels(events: list[dict], phases: Iterable[str], top: int = 15) -> dict[str, list[dict]]:
     """Per phase found in the trace, the kernels and copies that start in it, grouped by name, the most time
     first: ``kernel``, ``kind``, ``launches``, ``us`` (their total), and ``launched_by``, the innermost CPU ops
     around the first one's launch (joined through the trace's correlation ids; "" where the trace has none,
     e.g. a CUDA graph's replay). A fused or element-wise kernel's name rarely says which line of the model it
     comes from."""
-    runtime = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_runtime" and "args" in e}
-    ops: dict[int, list[dict]] = defaultdict(list)
-    for op in sorted((e for e in events if e.get("cat") == "cpu_op" and "dur" in e), key=lambda e: e["ts"]):
-        ops[op["tid"]].append(op)
-    starts = {tid: [op["ts"] for op in thread] for tid, thread in ops.items()}
-
-    def launcher(kernel: dict) -> str:
-        call = runtime.get(kernel.get("args", {}).get("correlation"))
-        if call is None:
-            return ""
-        thread, around = ops.get(call["tid"], []), []
-        last = bisect_right(starts.get(call["tid"], []), call["ts"])
-        for i in range(last - 1, max(last - SCAN_BACK, 0) - 1, -1):  # the innermost first
-            if thread[i]["ts"] + thread[i]["dur"] >= call["ts"]:
-                around.append(thread[i]["name"])
-                if len(around) == 3:
-                    break
-        return " < ".join(around)
-
-    busy = [e for e in events if (e.get("cat") == "kernel" or e.get("cat") in COPY_CATEGORIES) and "dur" in e]
+    cpu, busy = _CpuOps(events), _busy(events)
     tables = {}
     for phase in phases:
         windows = _windows(events, phase)
@@ -153,8 +169,45 @@ def top_kernels(events: list[dict], phases: Iterable[str], top: int = 15) -> dic
                 group["launches"] += 1
                 group["us"] += float(event["dur"])
                 if "launched_by" not in group:
-                    group["launched_by"] = launcher(event)
+                    group["launched_by"] = cpu.launcher(event)
         tables[phase] = sorted(groups.values(), key=lambda g: -g["us"])[:top]
+    return tables
+
+
+def idle_gaps(events: list[dict], phases: Iterable[str], top: int = 10) -> dict[str, list[dict]]:
+    """Per phase found in the trace, its longest stretches with no kernel or copy running, the longest first:
+    ``at_ms`` (from the phase's start), ``us``, ``host`` (the CPU ops that the thread launching the next kernel
+    was in at the gap's middle: a sync, the optimizer's host work, Python between micro-batches) and ``then`` (the
+    next kernel's launcher). Where ``kernel_shares``' idle share comes from."""
+    cpu, busy = _CpuOps(events), _merge(_span(e) for e in _busy(events))
+    by_start = sorted(_busy(events), key=lambda e: float(e["ts"]))
+    kernel_starts = [float(e["ts"]) for e in by_start]
+    tables = {}
+    for phase in phases:
+        windows = _windows(events, phase)
+        if not windows:
+            continue
+        gaps = []
+        for start, end in windows:
+            edges = [start] + [x for span in busy if span[1] > start and span[0] < end for x in span] + [end]
+            for a, b in zip(edges[::2], edges[1::2], strict=True):
+                if b > a:
+                    gaps.append((b - a, a, b))
+        rows = []
+        for length, a, b in sorted(gaps, reverse=True)[:top]:
+            nxt = bisect_right(kernel_starts, b - 1e-9)
+            kernel = by_start[nxt] if nxt < len(by_start) else None
+            call = cpu.launch(kernel) if kernel else None
+            host = cpu.around(call["tid"], (a + b) / 2) if call else ""
+            rows.append(
+                {
+                    "at_ms": (a - windows[0][0]) / 1e3,
+                    "us": length,
+                    "host": host,
+                    "then": cpu.launcher(kernel) if kernel else "",
+                }
+            )
+        tables[phase] = rows
     return tables
 
 
