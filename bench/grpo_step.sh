@@ -7,8 +7,8 @@
 # with "7b", Qwen2.5-7B at
 # TP=2 on two. Metrics under OUT/<run>/metrics.jsonl; a table last.
 # EXTRA: overrides added to every run (trainer.profile_steps=[N] adds a table of where step N's GPU time
-# went, and OUT/<run>/kernels_step_00000N.md: each phase's heaviest kernels with their launchers, from
-# bench/trace_kernels.py).
+# went, and OUT/<run>/kernels_step_00000N.md: each phase's heaviest kernels with their launchers and its longest
+# idle gaps, from bench/trace_kernels.py).
 # Models and checkpoints (tens of GB) go to WORK (default /tmp/bench-work).
 set -uo pipefail
 tok=$1 data=$2 out=$3 big=${4:-} work=${WORK:-/tmp/bench-work}
