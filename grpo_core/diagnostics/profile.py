@@ -179,8 +179,8 @@ def idle_gaps(events: list[dict], phases: Iterable[str], top: int = 10) -> dict[
     ``at_ms`` (from the phase's start), ``us``, ``host`` (the CPU ops that the thread launching the next kernel
     was in at the gap's middle: a sync, the optimizer's host work, Python between micro-batches) and ``then`` (the
     next kernel's launcher). Where ``kernel_shares``' idle share comes from."""
-    cpu, busy = _CpuOps(events), _merge(_span(e) for e in _busy(events))
     by_start = sorted(_busy(events), key=lambda e: float(e["ts"]))
+    cpu, busy = _CpuOps(events), _merge(_span(e) for e in by_start)
     kernel_starts = [float(e["ts"]) for e in by_start]
     tables = {}
     for phase in phases:
