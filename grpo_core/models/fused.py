@@ -100,16 +100,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return compiled_rms_norm(x, weight, eps) if x.is_cuda else _rms_norm(x, weight, eps)
 
 
+def _rotate_half(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE with the angles' cos and sin given (in t's dtype, as HF casts them)."""
+    x1, x2 = torch.chunk(t, 2, dim=-1)
+    return t * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
 def _rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
-    """megatron's unfused ``_apply_rotary_pos_emb_bshd`` (rotate-half), for megatron's [s, b, heads, d] with
-    freqs [s, 1, 1, d] as for the engine's [b, heads, s, d] with freqs [b, 1, s, d]."""
+    """megatron's unfused ``_apply_rotary_pos_emb_bshd`` (rotate-half) by the angles ``freqs`` [s, 1, 1, d]; with
+    fewer angles than the head size (partial rotation) the rest of each head passes unchanged."""
     if interleaved:
         raise NotImplementedError("the fused RoPE here is for rotate-half (Llama/Qwen) layouts only")
     rot = freqs.shape[-1]
     t, rest = t[..., :rot], t[..., rot:]
-    cos, sin = torch.cos(freqs).to(t.dtype), torch.sin(freqs).to(t.dtype)
-    x1, x2 = torch.chunk(t, 2, dim=-1)
-    out = t * cos + torch.cat((-x2, x1), dim=-1) * sin
+    out = _rotate_half(t, torch.cos(freqs).to(t.dtype), torch.sin(freqs).to(t.dtype))
     return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
 
 
@@ -127,12 +131,6 @@ def token_dims(t: torch.Tensor, *dims: int) -> torch.Tensor:
 
 
 _rope_compiled = torch.compile(_rope)  # called with token_dims marked (megatron's hooks below)
-
-
-def _rotate_half(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE with the angles' cos and sin given (in t's dtype, as HF casts them)."""
-    x1, x2 = torch.chunk(t, 2, dim=-1)
-    return t * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def _rope_heads(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated: int) -> torch.Tensor:
@@ -202,13 +200,11 @@ def _rotated(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
 
 def _rope_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """megatron's ``fused_apply_rotary_pos_emb`` hook: t [s, b, heads, d], freqs [s, 1, 1, d]."""
-    if interleaved or freqs.shape[-1] != t.shape[-1]:  # partial rotation: the general form
-        return (
-            _rope_compiled(token_dims(t, 0, 1), token_dims(freqs, 0), interleaved)
-            if t.is_cuda
-            else _rope(t, freqs, interleaved)
-        )
-    return _rotated(t, *_cos_sin.get(t.dtype, freqs))
+    if not (interleaved or freqs.shape[-1] != t.shape[-1]):
+        return _rotated(t, *_cos_sin.get(t.dtype, freqs))
+    if not t.is_cuda:  # interleaved (refused) or a partial rotation: the general form
+        return _rope(t, freqs, interleaved)
+    return _rope_compiled(token_dims(t, 0, 1), token_dims(freqs, 0), interleaved)
 
 
 def _rope_thd(
