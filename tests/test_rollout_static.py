@@ -91,9 +91,9 @@ def test_attended_length_grows_with_the_written_slots(tmp_path, monkeypatch):
     attended = []  # (slot written, length attended) of each decode step
     decode = static.StaticEngine._decode
 
-    def recording(self, st, mode, length):
+    def recording(self, st, mode, length, rows_per_prompt):
         attended.append((int(st["slot"]), length))
-        decode(self, st, mode, length)
+        decode(self, st, mode, length, rows_per_prompt)
 
     monkeypatch.setattr(static, "LENGTH_BUCKET", 4)
     monkeypatch.setattr(static.StaticEngine, "_decode", recording)

@@ -7,13 +7,13 @@ preallocated buffers, so on a GPU it is captured as a CUDA graph and replayed: o
 for the whole batch.
 
 How a ``generate`` call runs, per chunk of at most ``max_batch_size`` rows (whole prompts each):
-1. prefill each distinct prompt once (left-padded, SDPA with a causal + padding mask) and copy its
-   keys/values to the cache rows of its ``n`` samples;
+1. prefill each distinct prompt once (left-padded, SDPA with a causal + padding mask) and cache its
+   keys/values: in the first of its ``n`` rows for the cascade attention, in every row for SDPA;
 2. sample the first token from the prompt's last logits;
-3. replay the decode step: write the token's K/V at the next cache slot, attend over the cache up to
-   the smallest multiple of ``LENGTH_BUCKET`` that covers the slots written so far (grouped-query
-   heads as they are; one graph per such length, so early steps don't read the cache not yet
-   written), sample the next token, advance; every 32 steps stop early if every row has met a stop
+3. replay the decode step: write the token's K/V at the next cache slot, attend (on GPUs the cascade of
+   ``decode_attention``: a prompt's keys read once for its samples, one graph per chunk; else SDPA over each
+   row's cache up to the smallest multiple of ``LENGTH_BUCKET`` covering the slots written so far, one graph
+   per such length), sample the next token, advance; every 32 steps stop early if every row has met a stop
    token.
 
 It runs the dense Llama / Qwen2 / Qwen3 decoders the actor trains, from HF-named weights stored fused
@@ -33,6 +33,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from grpo_core.models.fused import rms_norm, rope
 from grpo_core.models.shape import ModelShape
+from grpo_core.rollout import decode_attention
 from grpo_core.rollout.base import DTYPES, Generation, SamplingSettings, generate_in_chunks
 
 EARLY_STOP_EVERY = 32  # decode steps between checks (a host sync) that every row has stopped
@@ -144,13 +145,18 @@ class StaticEngine:
         max_model_len: int = 2048,
         cuda_graphs: bool = True,
         grow_length: bool = True,
+        attention: str = "auto",
     ) -> None:
         """``grow_length``: each decode step attends over the cache written so far (rounded up to LENGTH_BUCKET),
         with one CUDA graph per such length; off, every step of a chunk attends over the chunk's whole length
         through one graph. Off is faster for an engine put to sleep after every rollout, whose graphs are
         recaptured at each wake: on one H200 (Qwen2.5-1.5B, 512 rows x 256 tokens) a GRPO step's generation
         took 2.6-3.0 s with a graph per length recaptured, 1.9-2.0 s with one, 1.7-1.8 s with per-length graphs
-        kept."""
+        kept.
+
+        ``attention``: "cascade" (``decode_attention``: each prompt's keys read once for its samples, one graph per
+        chunk shape), "sdpa" (torch's, row by row, a graph per attended length), or "auto": the cascade where CUDA
+        graphs replay it (eagerly, its Triton launches cost more host time than the step saves)."""
         if problem := unsupported(shape):
             raise NotImplementedError(problem)
         self.shape, self.stop_ids = shape, list(stop_ids)
@@ -158,6 +164,12 @@ class StaticEngine:
         self.max_batch_size, self.max_model_len = max_batch_size, max_model_len
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.grow_length = grow_length
+        if attention not in ("auto", "cascade", "sdpa"):
+            raise ValueError(f"attention={attention!r}: use auto, cascade or sdpa")
+        fits = decode_attention.available(shape.head_dim)
+        self.cascade = attention == "cascade" or (attention == "auto" and fits and self.cuda_graphs)
+        if self.cascade and not fits:
+            raise ValueError(f"attention=cascade needs Triton and a power-of-two head size, not {shape.head_dim}")
         self._params = self._allocate_params()
         self._targets = self._name_table()
         inv_freq = 1.0 / shape.rope_theta ** (torch.arange(0, shape.head_dim, 2, dtype=torch.float32) / shape.head_dim)
@@ -319,7 +331,10 @@ class StaticEngine:
         group = self.shape.num_attention_heads // kv_heads
         for i, cache in enumerate(self._kv_cache()):
             q, kv = self._attention_inputs(i, x, rotation)
-            cache[: u * rows_per_prompt, :, :width] = kv.repeat_interleave(rows_per_prompt, dim=0)
+            if self.cascade:  # it reads a prompt's keys and values from the prompt's first row only
+                cache[: u * rows_per_prompt : rows_per_prompt, :, :width] = kv
+            else:
+                cache[: u * rows_per_prompt, :, :width] = kv.repeat_interleave(rows_per_prompt, dim=0)
             k, v = kv.split(kv_heads, 1)
             # torch's memory-efficient kernel (it takes no grouped heads, so they are repeated) rather than the
             # cuDNN one SDPA picks on an H200: cuDNN builds a graph per prompt width (0.07 s each on a warm
@@ -330,10 +345,11 @@ class StaticEngine:
             x = self._finish_layer(i, x, attended)
         return self._logits(x[:, -1])
 
-    def _decode(self, st: dict, mode: tuple, length: int) -> None:
+    def _decode(self, st: dict, mode: tuple, length: int, rows_per_prompt: int) -> None:
         """One decode step over the static buffers in ``st`` (captured as a CUDA graph on GPUs)."""
-        rows = st["token"].shape[0]
-        st["bias"].index_fill_(1, st["slot"], 0.0)
+        rows, limit = st["tokens"].shape
+        if not self.cascade:
+            st["bias"].index_fill_(1, st["slot"], 0.0)
         rotation = self._rotation(st["position"][:, None])
         x = F.embedding(st["token"][:, None], self._params["embed"])  # [b, 1, hidden]
         bias = st["bias"][:, None, None, :length]  # [b, 1, 1, L]: -inf at the prompt's padding and unwritten slots
@@ -341,10 +357,16 @@ class StaticEngine:
         for i, cache in enumerate(self._kv_cache()):
             q, kv = self._attention_inputs(i, x, rotation)
             cache[:rows].index_copy_(2, st["slot"], kv)
-            keys, values = cache[:rows, :, :length].split(kv_heads, 1)  # [b, kv, L, d] each
-            # one query per row over its cache, grouped heads as they are; on an H200 torch picks cuDNN's kernel:
-            # 0.064 ms a layer at 512 rows x 384 slots, against 0.100 ms for a compiled matmul + fp32 softmax
-            attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=True)
+            if self.cascade:
+                q, prompt_slots = q[:, :, 0], self.max_model_len - limit  # prompt_slots: the widest prompt possible
+                attended = decode_attention.cascade_attention(
+                    q, cache[:rows], st["start"], st["width"], st["slot"], rows_per_prompt, prompt_slots
+                ).unsqueeze(2)
+            else:
+                keys, values = cache[:rows, :, :length].split(kv_heads, 1)  # [b, kv, L, d] each
+                # one query per row over its cache, grouped heads as they are; on an H200 torch picks cuDNN's kernel:
+                # 0.064 ms a layer at 512 rows x 384 slots, against 0.100 ms for a compiled matmul + fp32 softmax
+                attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=True)
             x = self._finish_layer(i, x, attended)
         self._sample(self._logits(x[:, 0]), st, mode)
         st["tokens"].index_copy_(1, st["step"], st["token"][:, None])
@@ -364,23 +386,26 @@ class StaticEngine:
     def _length(self, slot: int, last: int) -> int:
         """The cache length a decode step writing ``slot`` attends over (``last``: the chunk's last slot): the
         written slots rounded up to ``LENGTH_BUCKET``, so a chunk needs few graphs and no step reads much of the
-        cache not yet written; without ``grow_length``, the whole chunk's."""
+        cache not yet written; without ``grow_length``, the whole chunk's. The cascade reads its bounds on the GPU:
+        one length, one graph."""
+        if self.cascade:
+            return self.max_model_len
         covered = slot if self.grow_length else last
         return min(self.max_model_len, -(-(covered + 1) // LENGTH_BUCKET) * LENGTH_BUCKET)
 
     def _decoder(
-        self, rows: int, limit: int, mode: tuple, lengths: Iterable[int]
+        self, rows: int, limit: int, mode: tuple, rows_per_prompt: int, lengths: Iterable[int]
     ) -> tuple[dict, dict[int, Callable[[], None]]]:
         """The decode step's static buffers and a step over them per attended length in ``lengths``: on GPUs
         CUDA graphs captured over those buffers (replayed by every chunk of the same shape), elsewhere the
         eager step."""
-        key = (rows, limit, mode)
+        key = (rows, limit, mode, rows_per_prompt)
         if key not in self._decoders:
             self._decoders[key] = (self._buffers(rows, limit), {})
         st, steps = self._decoders[key]
         for length in lengths:
             if length not in steps:
-                steps[length] = self._capture(partial(self._decode, st, mode, length), st)
+                steps[length] = self._capture(partial(self._decode, st, mode, length, rows_per_prompt), st)
         return st, steps
 
     def _buffers(self, rows: int, limit: int) -> dict[str, torch.Tensor]:
@@ -392,6 +417,8 @@ class StaticEngine:
             "position": torch.zeros(rows, dtype=torch.long, **kw),
             "slot": torch.zeros(1, dtype=torch.long, **kw),
             "step": torch.zeros(1, dtype=torch.long, **kw),
+            "width": torch.zeros(1, dtype=torch.long, **kw),  # the chunk's prompt width: its first response slot
+            "start": torch.zeros(rows, dtype=torch.long, **kw),  # each row's first prompt slot (left padding)
             # the attention mask as an additive bias in the model's dtype, kept step to step (a bool mask is
             # converted by every layer's SDPA: three kernels a layer)
             "bias": torch.zeros(rows, self.max_model_len, dtype=self.dtype, **kw),
@@ -438,7 +465,8 @@ class StaticEngine:
         # the decode step producing response token p (p = 1 .. limit - 1) writes cache slot width + p - 1
         last = width + limit - 2
         start = self._mark()
-        st, steps = self._decoder(rows, limit, mode, {self._length(slot, last) for slot in range(width, last + 1)})
+        lengths = {self._length(slot, last) for slot in range(width, last + 1)}
+        st, steps = self._decoder(rows, limit, mode, n, lengths)
         st["temperature"].fill_(1.0 if settings.is_greedy else settings.temperature)
         prefill = self._mark("rollout/capture_s", start)
 
@@ -447,6 +475,8 @@ class StaticEngine:
         st["bias"][:, :width].masked_fill_(mask.bool().repeat_interleave(n, dim=0), 0.0)
         st["position"].copy_(mask.sum(-1).repeat_interleave(n))
         st["slot"].fill_(width)
+        st["width"].fill_(width)
+        st["start"].copy_((width - mask.sum(-1)).repeat_interleave(n))
         self._sample(last_logits, st, mode)  # the first response token, from the prompt's last position
         st["tokens"][:, 0], st["log_probs"][:, 0] = st["token"], st["log_prob"]
         st["step"].fill_(1)
