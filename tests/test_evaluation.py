@@ -104,6 +104,24 @@ def scripted(golds: list[str], answers: list[list[str]]):
     return ScriptedEngine(script), ScriptedTokenizer(questions, texts), rows
 
 
+def test_decode_responses_gives_what_decoding_each_response_gives():
+    """The batch decode on SmolLM2's tokenizer against transformers' decode of each response: special tokens (the
+    chat template's, end of text) dropped, multi-byte characters, spaces; and the per-response path where
+    transformers would clean up spaces."""
+    from transformers import AutoTokenizer
+
+    from grpo_core.data.prompts import decode_responses
+
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    texts = ["So 3 + 4 = 7.\n#### 7<|im_end|>", " Ça coûte 12€ , donc  #### 12 ", "<|im_start|>assistant\n48/2", ""]
+    responses = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    want = [tokenizer.decode(ids, skip_special_tokens=True) for ids in responses]
+    assert decode_responses(tokenizer, responses) == want
+    assert want[0] == "So 3 + 4 = 7.\n#### 7" and want[1] == texts[1]
+    tokenizer.clean_up_tokenization_spaces = True
+    assert decode_responses(tokenizer, responses)[1] == tokenizer.decode(responses[1], skip_special_tokens=True)
+
+
 def test_evaluate_greedy_scores_by_hand():
     answers = [["so #### 12"], ["it is 3, #### 7"], ["the answer is 5"], ["#### 3"]]
     engine, tokenizer, rows = scripted(["12", "7", "5", "4"], answers)

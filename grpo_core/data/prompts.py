@@ -62,6 +62,16 @@ class Prompt:
     extra_info: dict | None = None  # the row's extra_info, passed to a custom reward function
 
 
+def decode_responses(tokenizer, responses: list[list[int]]) -> list[str]:
+    """Response texts as ``tokenizer.decode(ids, skip_special_tokens=True)`` gives them, in one call to a fast
+    tokenizer's Rust batch decode (threaded) where transformers would not change its output: 512 responses of 256
+    tokens took 61.8 ms one by one, 24.5 ms in a batch, on the H200 machine's host (BENCHMARKS.md)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return [tokenizer.decode(ids, skip_special_tokens=True) for ids in responses]
+    return backend.decode_batch(responses, skip_special_tokens=True)
+
+
 def _fit(ids: list[int], max_len: int, truncation: str) -> list[int] | None:
     """``ids`` cut to ``max_len`` as ``truncation`` says; None when it says "error"."""
     if len(ids) <= max_len:

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from grpo_core.atomic import write_text_atomic
-from grpo_core.data.prompts import chat_prompt_ids
+from grpo_core.data.prompts import chat_prompt_ids, decode_responses
 from grpo_core.evaluation.stats import wilson_interval
 from grpo_core.rewards.gsm8k import answers_match, extract_solution
 from grpo_core.rollout.base import RolloutEngine, SamplingSettings
@@ -143,9 +143,9 @@ def evaluate(
         for first in range(0, len(rows), batch_size):
             batch = rows[first : first + batch_size]
             gen = engine.generate([chat_prompt_ids(tokenizer, row["prompt"]) for row in batch], settings)
-            for j, ids in enumerate(gen.response_ids):
+            texts = decode_responses(tokenizer, gen.response_ids)
+            for j, (ids, response) in enumerate(zip(gen.response_ids, texts, strict=True)):
                 row = batch[gen.group_index[j]]
-                response = tokenizer.decode(ids, skip_special_tokens=True)
                 records.append(
                     {
                         "index": first + gen.group_index[j],

@@ -31,7 +31,7 @@ from grpo_core.algos import (
 )
 from grpo_core.config import GRPOConfig, to_flat_dict
 from grpo_core.config.validate import actor_layout
-from grpo_core.data.prompts import Prompt, PromptSampler, load_prompts
+from grpo_core.data.prompts import Prompt, PromptSampler, decode_responses, load_prompts
 from grpo_core.diagnostics import RunDiagnostics
 from grpo_core.models.bridge import gather_hf_weights
 from grpo_core.models.shape import ModelShape, hf_overrides, model_weights_dir, read_hf_config, with_overrides
@@ -284,15 +284,16 @@ def generate(
     local = engine.generate([p.ids for p in mine], settings) if engine is not None and mine else None
     gen = _gather_generations(local if dist.get_rank() % tp == 0 else None)  # a replica's rows once
     scores = []
-    for row, ids in enumerate(gen.response_ids):
-        prompt = prompts[gen.group_index[row]]
-        text = tokenizer.decode(ids, skip_special_tokens=True)
+    for text, group in zip(decode_responses(tokenizer, gen.response_ids), gen.group_index, strict=True):
+        prompt = prompts[group]
         scores.append(scorer(prompt.data_source, text, prompt.ground_truth, prompt.extra_info))
     return Rollouts(gen, scores)
 
 
 def _gather_generations(local: Generation | None) -> Generation:
     """Concatenate the replicas' generations in rank order, renumbering their prompt groups."""
+    if dist.get_world_size() == 1:  # nothing to gather: skip pickling 512 x 256 tokens and log-probs both ways
+        return local
     parts: list[Generation | None] = [None] * dist.get_world_size()
     dist.all_gather_object(parts, local)
     return Generation.concat(part for part in parts if part is not None)
