@@ -428,10 +428,10 @@ class MegatronActor:
                     self.s.loss,
                     rows.rollout_log_probs,
                 )
-                metrics["denominator"] = torch.tensor(float(denom))
+                metrics["denominator"] = denom
                 if on_policy:
                     metrics |= {"log_probs": lp.detach(), "entropy": ent.detach()}
-                return total * scale, torch.tensor(denom, dtype=torch.int, device=total.device), metrics
+                return total * scale, denom.to(device=total.device, dtype=torch.int), metrics
 
             return self._forward(model, mb), loss_fn
 
@@ -443,10 +443,9 @@ class MegatronActor:
     def _global_denominator(self, micro: list[MicroBatch]) -> int:
         """The loss normaliser of the whole mini-batch: the micro-batches' denominators summed over DP ranks."""
         mode = self.s.loss.loss_agg_mode
-        local = sum(agg_denominator(mb.rows.response_mask, mode) for mb in micro)
-        total = torch.tensor(float(local), dtype=torch.float64, device=device())
+        total = sum(agg_denominator(mb.rows.response_mask, mode).to(device(), torch.float64) for mb in micro)
         dist.all_reduce(total, group=ps.get_data_parallel_group(with_context_parallel=True))
-        return int(total.item())
+        return int(total.item())  # the mini-batch's one host sync before its forwards
 
     # ---- offload ----------------------------------------------------------------------------------
 
@@ -524,10 +523,9 @@ class MegatronActor:
         # host time at each optimizer step of a 1.5B update on an H200, the GPU idle for most of it
         sums = torch.zeros(len(names) + 1, dtype=torch.float64, device=device())
         if outputs:  # the last pipeline stage
-            values = torch.stack([torch.stack([out[name].detach() for name in names]) for out in outputs])
-            values = values.double().sum(0)
-            denominator = sum(float(out["denominator"]) for out in outputs)
-            sums = torch.cat([values.to(sums.device), sums.new_tensor([denominator])])
+            columns = [*names, "denominator"]
+            values = [torch.stack([out[name].detach().double() for name in columns]) for out in outputs]
+            sums = torch.stack(values).sum(0).to(sums.device)
         dist.all_reduce(sums, group=ps.get_data_parallel_group())
         *totals, denominator = self._from_last_stage(sums).tolist()
         return {name: total / max(denominator, 1.0) for name, total in zip(names, totals, strict=True)}

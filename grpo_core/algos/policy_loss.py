@@ -49,14 +49,15 @@ def agg_loss(
     return total / (_count(loss_mask, loss_agg_mode).clamp(min=1) if denominator is None else denominator)
 
 
-def agg_denominator(loss_mask: torch.Tensor, loss_agg_mode: str) -> int:
+def agg_denominator(loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
     """The normaliser ``agg_loss`` divides by for this mask: its token count for token-mean, its non-empty
     row count for every seq-mean mode (Dr.GRPO's constant is a factor of each row, not a normaliser).
 
     Summed over micro-batches and data-parallel ranks it is the global normaliser, which makes the
-    aggregate independent of how a mini-batch is split."""
+    aggregate independent of how a mini-batch is split. A 0-dim tensor on the mask's device: reading it is a host
+    sync, which the update makes once per mini-batch, not in every micro-batch's loss."""
     _check_mode(loss_agg_mode)
-    return int(_count(loss_mask, loss_agg_mode).item())
+    return _count(loss_mask, loss_agg_mode)
 
 
 def _count(loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
