@@ -354,13 +354,13 @@ class StaticEngine:
         x = F.embedding(st["token"][:, None], self._params["embed"])  # [b, 1, hidden]
         bias = st["bias"][:, None, None, :length]  # [b, 1, 1, L]: -inf at the prompt's padding and unwritten slots
         kv_heads = self.shape.num_kv_heads
+        prompt_slots = self.max_model_len - limit  # the widest prompt a chunk of this shape can hold
         for i, cache in enumerate(self._kv_cache()):
             q, kv = self._attention_inputs(i, x, rotation)
             cache[:rows].index_copy_(2, st["slot"], kv)
             if self.cascade:
-                q, prompt_slots = q[:, :, 0], self.max_model_len - limit  # prompt_slots: the widest prompt possible
                 attended = decode_attention.cascade_attention(
-                    q, cache[:rows], st["start"], st["width"], st["slot"], rows_per_prompt, prompt_slots
+                    q[:, :, 0], cache[:rows], st["start"], st["width"], st["slot"], rows_per_prompt, prompt_slots
                 ).unsqueeze(2)
             else:
                 keys, values = cache[:rows, :, :length].split(kv_heads, 1)  # [b, kv, L, d] each
