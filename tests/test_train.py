@@ -331,6 +331,21 @@ def test_static_engine_starts_from_the_actors_weights(tmp_path, capitals):
         assert 0 < m["rollout/decode_s"] < parts < m["timing/gen"] and m["rollout/decode_steps"] > 0, m
 
 
+def test_rollout_seed_decides_what_the_static_engine_samples(tmp_path, capitals):
+    """rollout.seed is the sampling stream's seed for every engine: the static engine (which draws from torch's
+    default generators) once sampled the same responses whatever it said."""
+    model = tiny_model_dir(tmp_path / "model")
+    sampled = []
+    for seed in (0, 1):
+        run = tmp_path / f"seed{seed}"
+        overrides = (*base_overrides(model, capitals, 1), "actor_rollout_ref.rollout.name=static")
+        result = grpo_train(run, *overrides, f"actor_rollout_ref.rollout.seed={seed}")
+        assert result.returncode == 0, result.stderr[-4000:]
+        (step,) = metrics(run)
+        sampled.append({k: v for k, v in step.items() if k.startswith(("response/", "reward/", "actor/"))})
+    assert sampled[0] != sampled[1]
+
+
 def test_missing_data_is_one_line_and_exit_2(tmp_path, capitals):
     model = tiny_model_dir(tmp_path / "model")
     result = grpo_train(tmp_path / "run", *base_overrides(model, capitals, 1), "data.train_files=[/no/such.parquet]")

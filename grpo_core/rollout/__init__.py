@@ -62,6 +62,7 @@ def build_engine(cfg, shape, model_dir: str, tokenizer, actor=None) -> RolloutEn
             stop_ids(tokenizer, load_generation_config(model_dir, trust)),
             max_sequence_length=cfg.data.max_prompt_length + cfg.data.max_response_length,
             max_batch_size=r.max_num_seqs,
+            seed=r.seed,
         )
     if r.name == "static":
         from grpo_core.rollout.hf import load_generation_config, stop_ids

@@ -120,6 +120,7 @@ class MegatronEngine:
         max_sequence_length: int,
         max_batch_size: int = 32,
         before_generate: Callable[[], object] | None = None,
+        seed: int | None = None,
     ):
         model = getattr(model, "module", model)  # a DDP-wrapped chunk: the GPTModel inside
         config = model.config
@@ -150,9 +151,13 @@ class MegatronEngine:
         with cpu_compat.current_device_is_cpu():  # it builds a torch.Generator there
             self.controller = _Controller(wrapped, _Tokenizer(self.stop_ids[0]))
         self.controller.stop_ids = torch.tensor(self.stop_ids, dtype=torch.long)
+        if seed is not None:  # the sampling stream's start (megatron's own default: inference_sampling_seed)
+            self.controller.sampling_rng.manual_seed(seed)
 
     @classmethod
-    def from_actor(cls, actor, stop_ids: list[int], max_sequence_length: int, max_batch_size: int = 32):
+    def from_actor(
+        cls, actor, stop_ids: list[int], max_sequence_length: int, max_batch_size: int = 32, seed: int | None = None
+    ):
         """On a ``MegatronActor`` (TP only): its first model chunk, its vocabulary, its host offload."""
         if len(actor.model) != 1:
             raise NotImplementedError("MegatronEngine needs one model chunk (no virtual pipeline stages)")
@@ -163,6 +168,7 @@ class MegatronEngine:
             max_sequence_length,
             max_batch_size,
             before_generate=actor.reload_parameters,
+            seed=seed,
         )
 
     def _sampling_params(self, settings: SamplingSettings) -> SamplingParams:

@@ -244,7 +244,10 @@ class CheckpointManager:
         dist_checkpointing.save(state_dict, str(partial), sharded_strategy=StreamingSave())
         if "extra" in contents:
             (partial / "rng").mkdir(exist_ok=True)
-            torch.save({"cpu": torch.get_rng_state()}, partial / "rng" / f"rank_{_rank()}.pt")
+            states = {"cpu": torch.get_rng_state()}  # the engines sample from these (and megatron's, on GPUs)
+            if torch.cuda.is_available():
+                states["cuda"] = torch.cuda.get_rng_state()
+            torch.save(states, partial / "rng" / f"rank_{_rank()}.pt")
         _barrier()  # every rank's files are on disk: the manifest covers them all
         if _rank() == 0:
             state = {
@@ -281,7 +284,10 @@ class CheckpointManager:
             rng_file = path / "rng" / f"rank_{_rank()}.pt"
             world = dist.get_world_size() if dist.is_initialized() else 1
             if state.get("world_size") == world and rng_file.is_file():
-                torch.set_rng_state(torch.load(rng_file, weights_only=True)["cpu"])
+                states = torch.load(rng_file, weights_only=True)
+                torch.set_rng_state(states["cpu"])
+                if "cuda" in states and torch.cuda.is_available():
+                    torch.cuda.set_rng_state(states["cuda"])
             else:
                 logger.info("resuming at a different world size: RNG states start fresh")
         logger.info("resumed from %s (step %s)", path, state["step"])

@@ -117,6 +117,10 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
     rollout_tp = arr.rollout.tensor_model_parallel_size
     on_rank = rank % rollout_tp == 0 or _engine_is_the_actor(cfg)
     engine = build_engine(cfg, shape, str(model_dir), tokenizer, actor) if on_rank else None
+    # rollout.seed decides what is sampled, on every rank alike (rollout TP ranks must draw the same tokens): the
+    # static and HF engines draw from torch's default generators, which megatron seeded with actor.megatron.seed;
+    # vLLM's and megatron's engines take it as their own. A resumed run then restores the generators it saved.
+    torch.manual_seed(arr.rollout.seed)
 
     stop = StopRequest()  # SIGTERM during set-up kills (nothing to save yet); from here on it stops after a step
     try:
