@@ -1,5 +1,5 @@
 # Set-up, demo and tests. Everything installs into .venv at the repo root.
-#   make demo   set up, then run the pipeline on the embedded default (CPU, no network, ~13 min after set-up)
+#   make demo   set up, then run the pipeline on the embedded default (CPU, no network, ~10 min with set-up)
 #   make test   set up, then lint and run the test suite (what CI runs)
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
