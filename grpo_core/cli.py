@@ -212,6 +212,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         trust_remote_code=args.trust_remote_code,
         engine=args.engine,
+        prompt_key=args.prompt_key,
     )
     model = args.model
     if is_model_uri(model):
@@ -452,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", required=True, help="hub id, local Hugging Face directory, or models:/NAME@ALIAS (or /VERSION)"
     )
     evaluate.add_argument("--data", required=True, help="verl-schema parquet, e.g. data/gsm8k/test.parquet")
+    evaluate.add_argument("--prompt-key", default="prompt", help="its column of chat messages (data.prompt_key)")
     evaluate.add_argument("--output", default="eval_results", help="directory for samples.jsonl and metrics.json")
     evaluate.add_argument("--n", type=int, default=1, help="samples per question")
     evaluate.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")

@@ -477,6 +477,19 @@ def test_packed_rope_restarts_positions_like_megatrons_per_sequence_loop():
     torch.testing.assert_close(fused._rope_bshd(rows, half), _apply_rotary_pos_emb_bshd(rows, half), atol=1e-6, rtol=0)
 
 
+def test_shuffled_epochs_keep_the_stepped_rows_in_front_and_permute_the_rest():
+    """actor.shuffle: a permutation of the rows per PPO epoch (the same for the same seed: every DP rank draws
+    alike), the first epoch's rows already stepped on (an on-policy update's first mini-batch) kept in front."""
+    from grpo_core.actor.actor import epoch_orders
+
+    orders = epoch_orders(12, 3, 4, torch.Generator().manual_seed(5))
+    assert orders[0][:4].tolist() == [0, 1, 2, 3]
+    assert all(sorted(order.tolist()) == list(range(12)) for order in orders)
+    assert len({tuple(order.tolist()) for order in orders}) == 3 and list(range(12)) not in [o.tolist() for o in orders]
+    again = epoch_orders(12, 3, 4, torch.Generator().manual_seed(5))
+    assert all(torch.equal(a, b) for a, b in zip(orders, again, strict=True))
+
+
 def test_linear_bias_added_after_megatrons_gemm_keeps_its_outputs_and_gradients(monkeypatch):
     """``install_bias_add``: megatron's two linear functions run without the bias and add it after; outputs and the
     input, weight and bias gradients are those of ``F.linear``."""

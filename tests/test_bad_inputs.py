@@ -51,6 +51,10 @@ TRAIN_CASES = {  # name: (overrides from the inputs, what the error line says)
         lambda i: [f"data.train_files=[{i['no_columns']}]"],
         lambda i: f"error: {i['no_columns']} has no prompt/reward_model column (columns: question)",
     ),
+    "a prompt column the files lack (data.prompt_key)": (
+        lambda i: ["data.prompt_key=messages"],
+        lambda i: f"error: {i['data'] / 'train.parquet'} has no messages column (columns: ",
+    ),
     "empty validation set": (
         lambda i: [f"data.val_files=[{i['empty']}]"],
         lambda i: f"error: {i['empty']} has no rows (an empty dataset)",
@@ -71,6 +75,10 @@ EVALUATE_CASES = {
     "evaluation parquet without the columns": (
         lambda i: ["--model", str(i["model"]), "--data", str(i["no_columns"])],
         lambda i: f"error: {i['no_columns']} has no prompt/reward_model column (columns: question)",
+    ),
+    "a prompt column the file lacks (--prompt-key)": (
+        lambda i: ["--model", str(i["model"]), "--data", str(i["data"] / "test.parquet"), "--prompt-key", "messages"],
+        lambda i: f"error: {i['data'] / 'test.parquet'} has no messages column (columns: ",
     ),
     "tokenizer larger than the model": (
         lambda i: ["--model", str(i["small_vocab"]), "--data", str(i["data"] / "test.parquet")],

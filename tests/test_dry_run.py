@@ -170,6 +170,7 @@ INVALID = [
     (["launch.node_rank=-1"], "launch.node_rank=-1 must be in [0, trainer.nnodes=1)"),
     (["launch.launcher=mpirun"], "launch.launcher='mpirun' is not valid; valid: ['torchrun', 'slurm']"),
     (["launch.stuck_timeout_s=0"], "launch.stuck_timeout_s=0.0 must be > 0"),
+    (["actor_rollout_ref.hybrid_engine=false"], "hybrid_engine=false: the actor, reference and rollout engine always"),
     ([MEGATRON_ROLLOUT[0]], "rollout.name=megatron generates with the actor's model: it needs PP=1"),
     (MEGATRON_ROLLOUT[:2], f"set {MEGA}sequence_parallel=false"),
     ([*MEGATRON_ROLLOUT, "actor_rollout_ref.rollout.tensor_model_parallel_size=1"], "rollout TP=1 must be the actor's"),

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import REPO
@@ -388,8 +389,9 @@ def test_verl_integrations_in_one_run(tmp_path, capitals, monkeypatch):
     """A verl command line's keys in a 2-step run: custom_reward_function (verl's signature, extra_info from the
     row), trainer.logger=wandb (offline), override_config.model_config, token-budget log-prob passes, the guide's
     optimizer spelling and keys of no effect here (one note each); and issue 16's keys: reinforce_plus_plus with a
-    discount, GSPO, rollout importance sampling by sequence. The rewards are the file's, wandb holds
-    metrics.jsonl's rows, the saved trainer state carries the overridden config, rollout_is/* is logged."""
+    discount, GSPO, rollout importance sampling by sequence; the prompts in a column of another name
+    (data.prompt_key), mini-batches reshuffled over two PPO epochs (actor.shuffle). The rewards are the file's, wandb
+    holds metrics.jsonl's rows, the saved trainer state carries the overridden config, rollout_is/* is logged."""
     pytest.importorskip("wandb")
     from grpo_core.trainer.checkpoint import CheckpointManager, read_trainer_state
     from tests.support.wandb_log import read_run
@@ -404,10 +406,20 @@ def test_verl_integrations_in_one_run(tmp_path, capitals, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_home"))
     model = tiny_model_dir(tmp_path / "model")  # max_position_embeddings 512
+    renamed = tmp_path / "data"  # the capitals with their chat messages in a column named "messages"
+    renamed.mkdir()
+    for split in ("train", "test"):
+        table = pq.read_table(capitals / f"{split}.parquet")
+        names = ["messages" if name == "prompt" else name for name in table.column_names]
+        pq.write_table(table.rename_columns(names), renamed / f"{split}.parquet")
     run = tmp_path / "run"
     result = grpo_train(
         run,
-        *base_overrides(model, capitals, 2),
+        *base_overrides(model, renamed, 2),
+        "data.prompt_key=messages",
+        "actor_rollout_ref.actor.shuffle=True",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         f"custom_reward_function.path={reward}",
         "trainer.logger=[console,wandb]",
         "trainer.experiment_name=integrations",

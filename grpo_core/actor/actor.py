@@ -29,6 +29,17 @@ from grpo_core.models.shape import ModelShape
 from grpo_core.planning.layout import ParallelLayout
 
 
+def epoch_orders(rows: int, epochs: int, stepped: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """actor.shuffle: each PPO epoch's order of the rows, which its mini-batches take in turn. A permutation per
+    epoch, but the first keeps its ``stepped`` rows (mini-batches already stepped on: an on-policy update's first)
+    in front."""
+    orders = []
+    for epoch in range(epochs):
+        kept = stepped if epoch == 0 else 0
+        orders.append(torch.cat([torch.arange(kept), kept + torch.randperm(rows - kept, generator=generator)]))
+    return orders
+
+
 @dataclass(frozen=True)
 class ActorSettings:
     """What the actor needs from the config tree (``actor_rollout_ref.actor`` and its ``megatron``)."""
@@ -57,6 +68,7 @@ class ActorSettings:
     micro_batch_tokens: int | None = None  # instead: as many responses as fit this many tokens (dynamic bsz)
     pack_sequences: bool = False  # a micro-batch's rows without padding, end to end (thd)
     ppo_epochs: int = 1
+    shuffle_seed: int | None = None  # actor.shuffle: rows reshuffled between mini-batches by this seed (data.seed)
     loss: LossSettings = LossSettings()
 
     @classmethod
@@ -95,6 +107,7 @@ class ActorSettings:
             # packed sequences need attention per sequence: not split over context-parallel ranks here
             pack_sequences=cfg.actor_rollout_ref.model.use_remove_padding and layout.cp == 1,
             ppo_epochs=actor.ppo_epochs,
+            shuffle_seed=(1 if cfg.data.seed is None else cfg.data.seed) if actor.shuffle else None,
             loss=LossSettings.from_config(cfg),
         )
 
@@ -380,7 +393,13 @@ class MegatronActor:
 
     def _steps(self, batch: RolloutBatch, history: list[dict[str, float]]) -> dict[str, float]:
         """The mini-batch steps of every epoch after the ``len(history)`` already taken; their mean metrics."""
-        minis = [mini for _ in range(self.s.ppo_epochs) for mini in batch.split(self.s.mini_batch_rows)]
+        epochs = [batch] * self.s.ppo_epochs
+        if self.s.shuffle_seed is not None:  # a stream per update, from the step count: a resumed run draws alike
+            generator = torch.Generator().manual_seed(self.s.shuffle_seed * 1_000_003 + self.scheduler.num_steps)
+            stepped = len(history) * self.s.mini_batch_rows
+            orders = epoch_orders(batch.batch_size, self.s.ppo_epochs, stepped, generator)
+            epochs = [batch.rows(order) for order in orders]
+        minis = [mini for rows in epochs for mini in rows.split(self.s.mini_batch_rows)]
         for mini in minis[len(history) :]:
             history.append(self._optimizer_step(self.forward_backward(mini)))
         return {k: sum(h[k] for h in history) / len(history) for k in history[0]}

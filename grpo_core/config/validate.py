@@ -216,6 +216,11 @@ def _check_algorithm(cfg: GRPOConfig, r: Report) -> None:
     _check_estimator_and_loss(cfg, r)
     if cfg.reward_model.enable:
         r.errors.append("reward_model.enable=true: learned reward models are not supported; rule rewards only")
+    if not cfg.actor_rollout_ref.hybrid_engine:
+        r.errors.append(
+            "actor_rollout_ref.hybrid_engine=false: the actor, reference and rollout engine always share their GPUs "
+            "here (verl's GRPO trainer also requires true); separate rollout GPUs are not offered"
+        )
 
 
 def _check_estimator_and_loss(cfg: GRPOConfig, r: Report) -> None:

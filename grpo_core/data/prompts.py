@@ -11,10 +11,14 @@ import torch
 
 from grpo_core.data.gsm8k import DataError
 
-PROMPT_COLUMNS = ("prompt", "reward_model")  # what training, validation and evaluation read of a row
+
+def prompt_columns(prompt_key: str = "prompt") -> tuple[str, str]:
+    """What training, validation and evaluation read of a row: the chat messages (``data.prompt_key``, verl's
+    name for that column) and the reward model's ground truth."""
+    return prompt_key, "reward_model"
 
 
-def check_data_file(path: str | Path, columns: tuple[str, ...] = PROMPT_COLUMNS) -> int:
+def check_data_file(path: str | Path, columns: tuple[str, ...] = prompt_columns()) -> int:
     """A readable parquet file with ``columns`` and at least one row (read from its footer only); its rows."""
     import pyarrow.parquet as pq
 
@@ -36,12 +40,16 @@ def check_data_file(path: str | Path, columns: tuple[str, ...] = PROMPT_COLUMNS)
     return rows
 
 
-def load_rows(path: str | Path, limit: int | None = None) -> list[dict]:
-    """Rows of a verl-schema parquet file (``grpo prepare``'s output); DataError if it is not one."""
+def load_rows(path: str | Path, limit: int | None = None, prompt_key: str = "prompt") -> list[dict]:
+    """Rows of a verl-schema parquet file (``grpo prepare``'s output); DataError if it is not one. The messages in
+    column ``prompt_key`` are each row's ``"prompt"`` from here on."""
     import pyarrow.parquet as pq
 
-    check_data_file(path)
+    check_data_file(path, prompt_columns(prompt_key))
     table = pq.read_table(Path(path).expanduser())
+    if prompt_key != "prompt":
+        names = [name for name in table.column_names if name != "prompt"]
+        table = table.select(names).rename_columns(["prompt" if name == prompt_key else name for name in names])
     if limit is not None:
         table = table.slice(0, limit)
     return table.to_pylist()
@@ -93,12 +101,13 @@ def load_prompts(
     filter_overlong: bool = True,
     truncation: str = "error",
     limit: int | None = None,
+    prompt_key: str = "prompt",
 ) -> tuple[list[Prompt], int]:
     """(prompts, number dropped for length). Overlong prompts are dropped (``filter_overlong``), cut
     (``truncation``), or rejected with a DataError naming the first one."""
     prompts, dropped = [], 0
     for path in files:
-        for row in load_rows(path, limit):
+        for row in load_rows(path, limit, prompt_key):
             ids = chat_prompt_ids(tokenizer, row["prompt"])
             if len(ids) > max_prompt_length:
                 if filter_overlong:

@@ -29,6 +29,7 @@ class EvalSettings:
     trust_remote_code: bool = False
     engine: str = "hf"  # or "static" (dense Llama/Qwen2/Qwen3)
     max_prompt_length: int = 1024  # the static engine's cache holds this + max_new_tokens per sequence
+    prompt_key: str = "prompt"  # the data's column of chat messages (data.prompt_key)
 
     @classmethod
     def from_config(cls, cfg) -> "EvalSettings":
@@ -45,6 +46,7 @@ class EvalSettings:
             trust_remote_code=trust,
             engine=e.engine,
             max_prompt_length=cfg.data.max_prompt_length,
+            prompt_key=cfg.data.prompt_key,
         )
 
 
@@ -110,17 +112,17 @@ def evaluate_model(
     import torch
 
     from grpo_core.data.gsm8k import DataError
-    from grpo_core.data.prompts import chat_prompt_ids, check_data_file, load_rows
+    from grpo_core.data.prompts import chat_prompt_ids, check_data_file, load_rows, prompt_columns
     from grpo_core.models.shape import read_hf_config
     from grpo_core.preflight import check_tokenizer_fits, check_weights
     from grpo_core.rollout.hf import ModelLoadError, load_tokenizer
 
-    check_data_file(data_file)  # before a checkpoint's export, which takes a while
+    check_data_file(data_file, prompt_columns(settings.prompt_key))  # before a checkpoint's export (a while)
     if is_checkpoint(model):
         model = str(exported_model(model))
     check_weights(model, ("*.safetensors", "pytorch_model*.bin"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    rows = load_rows(data_file, settings.limit)
+    rows = load_rows(data_file, settings.limit, settings.prompt_key)
     if not rows:
         raise DataError(f"{data_file} has no rows")
     tokenizer = load_tokenizer(model, settings.trust_remote_code)

@@ -103,9 +103,11 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
 
     d = cfg.data
     train_prompts, dropped = load_prompts(
-        d.train_files, tokenizer, d.max_prompt_length, d.filter_overlong_prompts, d.truncation
+        d.train_files, tokenizer, d.max_prompt_length, d.filter_overlong_prompts, d.truncation, prompt_key=d.prompt_key
     )
-    val_prompts = load_prompts(d.val_files, tokenizer, d.max_prompt_length, True)[0] if _validates(cfg) else []
+    val_prompts = []
+    if _validates(cfg):
+        val_prompts = load_prompts(d.val_files, tokenizer, d.max_prompt_length, prompt_key=d.prompt_key)[0]
     sampler = PromptSampler(train_prompts, d.train_batch_size, d.shuffle, d.seed)
     scorer = build_scorer(cfg)
     total_steps = cfg.trainer.total_training_steps or sampler.steps_per_epoch * cfg.trainer.total_epochs
