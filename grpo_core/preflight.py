@@ -9,7 +9,7 @@ import json
 import struct
 from pathlib import Path
 
-from grpo_core.data.prompts import check_data_file, prompt_columns
+from grpo_core.data.prompts import check_data_file
 from grpo_core.models.shape import ModelShapeError
 
 
@@ -54,4 +54,4 @@ def check_training_inputs(cfg, vocab_size: int) -> None:
         tokenizer = load_tokenizer(str(tokenizer_path), model.trust_remote_code)
         check_tokenizer_fits(tokenizer, vocab_size, str(tokenizer_path), str(model.path))
     for path in [*cfg.data.train_files, *cfg.data.val_files]:
-        check_data_file(path, prompt_columns(cfg.data.prompt_key))
+        check_data_file(path, cfg.data.prompt_key)

@@ -12,14 +12,10 @@ import torch
 from grpo_core.data.gsm8k import DataError
 
 
-def prompt_columns(prompt_key: str = "prompt") -> tuple[str, str]:
-    """What training, validation and evaluation read of a row: the chat messages (``data.prompt_key``, verl's
-    name for that column) and the reward model's ground truth."""
-    return prompt_key, "reward_model"
-
-
-def check_data_file(path: str | Path, columns: tuple[str, ...] = prompt_columns()) -> int:
-    """A readable parquet file with ``columns`` and at least one row (read from its footer only); its rows."""
+def check_data_file(path: str | Path, prompt_key: str = "prompt") -> int:
+    """A readable parquet file with the columns training, validation and evaluation read (the chat messages in
+    ``prompt_key``, verl's ``data.prompt_key``, and ``reward_model``) and at least one row (read from its footer
+    only); its rows."""
     import pyarrow.parquet as pq
 
     path = Path(path).expanduser()
@@ -30,7 +26,7 @@ def check_data_file(path: str | Path, columns: tuple[str, ...] = prompt_columns(
     except Exception as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise DataError(f"{path} is not a readable Parquet file: {reason}") from None
-    if missing := [c for c in columns if c not in parquet.schema_arrow.names]:
+    if missing := [c for c in (prompt_key, "reward_model") if c not in parquet.schema_arrow.names]:
         found = ", ".join(parquet.schema_arrow.names) or "none"
         raise DataError(
             f"{path} has no {'/'.join(missing)} column (columns: {found}); expected verl's schema (see `grpo prepare`)"
@@ -45,7 +41,7 @@ def load_rows(path: str | Path, limit: int | None = None, prompt_key: str = "pro
     column ``prompt_key`` are each row's ``"prompt"`` from here on."""
     import pyarrow.parquet as pq
 
-    check_data_file(path, prompt_columns(prompt_key))
+    check_data_file(path, prompt_key)
     table = pq.read_table(Path(path).expanduser())
     if prompt_key != "prompt":
         names = [name for name in table.column_names if name != "prompt"]

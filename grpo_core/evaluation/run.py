@@ -112,12 +112,12 @@ def evaluate_model(
     import torch
 
     from grpo_core.data.gsm8k import DataError
-    from grpo_core.data.prompts import chat_prompt_ids, check_data_file, load_rows, prompt_columns
+    from grpo_core.data.prompts import chat_prompt_ids, check_data_file, load_rows
     from grpo_core.models.shape import read_hf_config
     from grpo_core.preflight import check_tokenizer_fits, check_weights
     from grpo_core.rollout.hf import ModelLoadError, load_tokenizer
 
-    check_data_file(data_file, prompt_columns(settings.prompt_key))  # before a checkpoint's export (a while)
+    check_data_file(data_file, settings.prompt_key)  # before a checkpoint's export, which takes a while
     if is_checkpoint(model):
         model = str(exported_model(model))
     check_weights(model, ("*.safetensors", "pytorch_model*.bin"))
