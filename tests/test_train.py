@@ -336,10 +336,10 @@ def test_rollout_seed_decides_what_the_static_engine_samples(tmp_path, capitals)
     """rollout.seed is the sampling stream's seed for every engine: the static engine (which draws from torch's
     default generators) once sampled the same responses whatever it said."""
     model = tiny_model_dir(tmp_path / "model")
+    overrides = (*base_overrides(model, capitals, 1), "actor_rollout_ref.rollout.name=static")
     sampled = []
     for seed in (0, 1):
         run = tmp_path / f"seed{seed}"
-        overrides = (*base_overrides(model, capitals, 1), "actor_rollout_ref.rollout.name=static")
         result = grpo_train(run, *overrides, f"actor_rollout_ref.rollout.seed={seed}")
         assert result.returncode == 0, result.stderr[-4000:]
         (step,) = metrics(run)

@@ -244,7 +244,7 @@ class CheckpointManager:
         dist_checkpointing.save(state_dict, str(partial), sharded_strategy=StreamingSave())
         if "extra" in contents:
             (partial / "rng").mkdir(exist_ok=True)
-            states = {"cpu": torch.get_rng_state()}  # the engines sample from these (and megatron's, on GPUs)
+            states = {"cpu": torch.get_rng_state()}  # the static and HF engines sample from these
             if torch.cuda.is_available():
                 states["cuda"] = torch.cuda.get_rng_state()
             torch.save(states, partial / "rng" / f"rank_{_rank()}.pt")
