@@ -20,7 +20,7 @@ from grpo_core.actor import offload, optimizer_state
 from grpo_core.actor.logprobs import log_probs_and_entropy
 from grpo_core.actor.loss import LossSettings, grpo_loss
 from grpo_core.actor.packing import PackedRows, pack, packed_length, split_by_tokens
-from grpo_core.actor.parallel import device
+from grpo_core.actor.parallel import device, send
 from grpo_core.algos import agg_denominator
 from grpo_core.data.batch import RolloutBatch
 from grpo_core.models import fused
@@ -127,7 +127,7 @@ def optimizer_fields(optimizer_offload: bool, overrides: dict | None, cuda: bool
 def finalize_presummed_grads(model, num_tokens=None, **kwargs) -> None:
     """megatron's ``finalize_model_grads`` less its last pass, the division of every fp32 gradient by the
     summed token count (23 of 640 ms in a 7B fwd+bwd on an H200): each micro-batch's loss is already divided
-    by the whole mini-batch's denominator (``MegatronActor._global_denominator``) before its backward."""
+    by the whole mini-batch's denominator (``MegatronActor._loss_scale``) before its backward."""
     finalize_model_grads(model, None, **kwargs)
 
 
@@ -145,6 +145,9 @@ def causal_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 class MicroBatch:
     rows: RolloutBatch
     packed: PackedRows | None = None  # the rows as one packed sequence (see actor/packing.py)
+
+    def map(self, fn) -> "MicroBatch":
+        return MicroBatch(self.rows.map(fn), self.packed and self.packed.map(fn))
 
 
 class MegatronActor:
@@ -278,14 +281,17 @@ class MegatronActor:
     def _micro_batches(self, batch: RolloutBatch, rows: int, tokens: int | None = None) -> list[MicroBatch]:
         """``rows`` at a time, or as many as fit ``tokens`` when given; packed or without the prompt columns all
         rows pad. Pipeline stages exchange fixed-shape activations, so with PP > 1 every micro-batch has one
-        width: the longest packed row, or the batch's width unpacked."""
+        width: the longest packed row, or the batch's width unpacked. Built where the rows are (a rollout batch
+        lives on the host, where the lengths they are cut by are read without a GPU sync), then sent."""
         s, pp = self.s, self.s.layout.pp
         groups = batch.split(rows) if tokens is None else split_by_tokens(batch, tokens, packed=s.pack_sequences)
         if s.pack_sequences:
             multiple = self._sequence_multiple()
             length = max(packed_length(g, multiple) for g in groups) if pp > 1 else None
-            return [MicroBatch(g, pack(g, multiple, length)) for g in groups]
-        return [MicroBatch(g.without_leading_padding() if pp == 1 else g) for g in groups]
+            micro = [MicroBatch(g, pack(g, multiple, length)) for g in groups]
+        else:
+            micro = [MicroBatch(g.without_leading_padding() if pp == 1 else g) for g in groups]
+        return [mb.map(send) for mb in micro]
 
     def _run(self, batches: list[MicroBatch], step_fn, forward_only: bool) -> list[dict]:
         """Micro-batches through megatron's pipeline schedule; the loss dicts of the last stage."""
@@ -340,7 +346,7 @@ class MegatronActor:
         self.reload_parameters()  # gradients and optimizer stay away
         for chunk in self.model:
             chunk.eval()
-        local = self._dp_slice(batch).to(device())
+        local = self._dp_slice(batch)
         micro = self._micro_batches(local, micro_batch_rows or self.s.micro_batch_rows, micro_batch_tokens)
 
         def step(data_iterator, model):
@@ -402,7 +408,7 @@ class MegatronActor:
         minis = [mini for rows in epochs for mini in rows.split(self.s.mini_batch_rows)]
         for mini in minis[len(history) :]:
             history.append(self._optimizer_step(self.forward_backward(mini)))
-        return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+        return self._mean_metrics(history)
 
     def _train_mode(self) -> None:
         assert self.trainable, "the reference model is frozen"
@@ -410,11 +416,12 @@ class MegatronActor:
         for chunk in self.model:
             chunk.train()
 
-    def _optimizer_step(self, outputs: list[dict]) -> dict[str, float]:
-        """The step on the gradients ``forward_backward`` left (``outputs``: its loss dicts)."""
+    def _optimizer_step(self, outputs: list[dict]) -> dict:
+        """The step on the gradients ``forward_backward`` left (``outputs``: its loss dicts); its metrics, the loss
+        terms' sums still on the GPU (``_mean_metrics`` reads them once the update is over)."""
         _, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(increment=1)
-        metrics = self._reduce_metrics(outputs)
+        metrics: dict = {"sums": self._metric_sums(outputs)}
         metrics["actor/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")  # nan: skipped
         if self.s.dtype == "float16":
             metrics["actor/loss_scale"] = float(self.optimizer.get_loss_scale())
@@ -425,11 +432,10 @@ class MegatronActor:
         """The GRPO loss's gradients for one mini-batch, reduced over DP, in the grad buffers (no step). Without
         ``old_log_probs`` the policy being updated is the old one: its detached log-probs stand in, and each loss
         dict also carries them (``log_probs``, ``entropy``)."""
-        local = self._dp_slice(mini).to(device())
-        micro = self._micro_batches(local, self.s.micro_batch_rows, self.s.micro_batch_tokens)
+        micro = self._micro_batches(self._dp_slice(mini), self.s.micro_batch_rows, self.s.micro_batch_tokens)
         on_policy = mini.old_log_probs is None
         entropy_grad = self.s.loss.entropy_coeff != 0
-        scale = 1.0 / max(self._global_denominator(micro), 1)
+        scale = self._loss_scale(micro)
 
         def step(data_iterator, model):
             mb = next(data_iterator)
@@ -459,12 +465,13 @@ class MegatronActor:
         self.optimizer.zero_grad()
         return self._run(micro, step, forward_only=False)
 
-    def _global_denominator(self, micro: list[MicroBatch]) -> int:
-        """The loss normaliser of the whole mini-batch: the micro-batches' denominators summed over DP ranks."""
+    def _loss_scale(self, micro: list[MicroBatch]) -> torch.Tensor:
+        """1 / the loss normaliser of the whole mini-batch (its micro-batches' denominators summed over DP ranks),
+        a GPU scalar: read on the host it would drain the GPU's queue before the mini-batch's forwards."""
         mode = self.s.loss.loss_agg_mode
         total = sum(agg_denominator(mb.rows.response_mask, mode).to(device(), torch.float64) for mb in micro)
         dist.all_reduce(total, group=ps.get_data_parallel_group(with_context_parallel=True))
-        return int(total.item())  # the mini-batch's one host sync before its forwards
+        return (1.0 / total.clamp(min=1)).float()
 
     # ---- offload ----------------------------------------------------------------------------------
 
@@ -533,18 +540,25 @@ class MegatronActor:
         elif self.trainable:  # the weights alone: the optimizer's fp32 copies must follow them
             self.optimizer.reload_model_params()
 
-    def _reduce_metrics(self, outputs: list[dict]) -> dict[str, float]:
-        """Sums over micro-batches and DP ranks divided by the global denominator, on every rank."""
+    def _metric_names(self) -> list[str]:
         names = ["actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"]
-        if self.s.loss.use_kl_loss:
-            names.append("actor/kl_loss")
-        # one stack on the device and one copy each way: a copy and an add per metric and micro-batch took 14 ms of
-        # host time at each optimizer step of a 1.5B update on an H200, the GPU idle for most of it
-        sums = torch.zeros(len(names) + 1, dtype=torch.float64, device=device())
-        if outputs:  # the last pipeline stage
-            columns = [*names, "denominator"]
-            values = [torch.stack([out[name].detach().double() for name in columns]) for out in outputs]
-            sums = torch.stack(values).sum(0).to(sums.device)
+        return [*names, "actor/kl_loss"] if self.s.loss.use_kl_loss else names
+
+    def _metric_sums(self, outputs: list[dict]) -> torch.Tensor:
+        """The loss terms and the denominator summed over micro-batches, one GPU vector (zeros off the last stage)."""
+        columns = [*self._metric_names(), "denominator"]
+        if not outputs:  # not the last pipeline stage
+            return torch.zeros(len(columns), dtype=torch.float64, device=device())
+        return torch.stack([torch.stack([out[c].detach().double() for c in columns]) for out in outputs]).sum(0)
+
+    def _mean_metrics(self, history: list[dict]) -> dict[str, float]:
+        """The optimizer steps' metrics averaged, each step's loss terms divided by its denominator, on every rank:
+        their sums summed over DP ranks and read on the host together, one sync for the update."""
+        sums = torch.stack([h["sums"] for h in history])
         dist.all_reduce(sums, group=ps.get_data_parallel_group())
-        *totals, denominator = self._from_last_stage(sums).tolist()
-        return {name: total / max(denominator, 1.0) for name, total in zip(names, totals, strict=True)}
+        names = self._metric_names()
+        steps = []
+        for h, (*totals, denominator) in zip(history, self._from_last_stage(sums).tolist(), strict=True):
+            terms = {name: total / max(denominator, 1.0) for name, total in zip(names, totals, strict=True)}
+            steps.append(terms | {k: v for k, v in h.items() if k != "sums"})
+        return {k: sum(step[k] for step in steps) / len(steps) for k in steps[0]}

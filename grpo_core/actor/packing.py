@@ -10,7 +10,7 @@ Token budgets (verl's ``use_dynamic_bsz`` + ``ppo_max_token_len_per_gpu``) group
 micro-batches of at most that many tokens instead of a fixed number of rows.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
@@ -27,6 +27,12 @@ class PackedRows:
     @property
     def length(self) -> int:
         return self.input_ids.shape[1]
+
+    def map(self, fn) -> "PackedRows":
+        """``fn`` applied to every tensor (the boundaries once: queries and keys share them)."""
+        cu = fn(self.params.cu_seqlens_q)
+        params = replace(self.params, cu_seqlens_q=cu, cu_seqlens_kv=cu)
+        return PackedRows(fn(self.input_ids), params, fn(self.logit_index))
 
 
 def packed_length(batch: RolloutBatch, multiple: int = 1) -> int:

@@ -53,3 +53,12 @@ def init_model_parallel(layout: ParallelLayout, seed: int, timeout_s: float = 18
 
 def device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def send(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on this rank's device, the copy queued behind the GPU's work: a blocking copy, or one from pageable
+    host memory, waits for that work to finish, and the GPU then idles while the host launches what comes next."""
+    target = device()
+    if t.device == target or target.type != "cuda":
+        return t.to(target)
+    return t.pin_memory().to(target, non_blocking=True)

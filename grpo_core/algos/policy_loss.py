@@ -54,8 +54,8 @@ def agg_denominator(loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor
     row count for every seq-mean mode (Dr.GRPO's constant is a factor of each row, not a normaliser).
 
     Summed over micro-batches and data-parallel ranks it is the global normaliser, which makes the
-    aggregate independent of how a mini-batch is split. A 0-dim tensor on the mask's device: reading it is a host
-    sync, which the update makes once per mini-batch, not in every micro-batch's loss."""
+    aggregate independent of how a mini-batch is split. A 0-dim tensor on the mask's device: the update scales each
+    micro-batch's loss by its inverse on the GPU, never reading it on the host."""
     _check_mode(loss_agg_mode)
     return _count(loss_mask, loss_agg_mode)
 

@@ -36,12 +36,13 @@ class RolloutBatch:
     def responses(self) -> torch.Tensor:
         return self.input_ids[:, -self.response_length :]
 
-    def _map(self, fn) -> "RolloutBatch":
+    def map(self, fn) -> "RolloutBatch":
+        """``fn`` applied to every tensor present."""
         present = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
         return replace(self, **{name: fn(value) for name, value in present.items()})
 
     def rows(self, index: torch.Tensor | slice) -> "RolloutBatch":
-        return self._map(lambda t: t[index])
+        return self.map(lambda t: t[index])
 
     def split(self, size: int) -> list["RolloutBatch"]:
         """Consecutive chunks of ``size`` rows (the last may be shorter)."""
@@ -56,4 +57,4 @@ class RolloutBatch:
         return replace(self, input_ids=self.input_ids[:, lead:], attention_mask=self.attention_mask[:, lead:])
 
     def to(self, device: torch.device | str) -> "RolloutBatch":
-        return self._map(lambda t: t.to(device))
+        return self.map(lambda t: t.to(device))
