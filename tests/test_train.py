@@ -159,6 +159,8 @@ def test_tp2_run_resumes_from_its_checkpoint(tmp_path, capitals):
     for m in metrics(run):
         assert m["rollout/log_prob_diff_max"] < 1e-3, m  # both ranks' engines follow the TP-sharded actor
         assert m["timing/update"] > 0 and m["perf/throughput"] > 0
+        phases = sum(v for k, v in m.items() if k.startswith("timing/") and k != "timing/step")
+        assert m["timing/step"] > phases, m  # the wall time: the host's work between the phases counts
 
 
 UNTIMED = ("timing/", "perf/throughput", "perf/max_memory_gib", "perf/gc_")
