@@ -360,6 +360,20 @@ def test_log_probs_and_entropy_match_autograd_reference(vocab_size, monkeypatch)
         torch.distributed.destroy_process_group()
 
 
+def test_softmax_sums_of_vocabulary_slices_add_up_to_the_whole():
+    """What TP ranks do (``_over_ranks`` without its all-reduces): each slice's sums relative to its own max, moved to
+    the max over slices and added, are the whole vocabulary's; a slice of padding only adds nothing."""
+    from grpo_core.actor.logprobs import _shifted, _softmax_sums
+
+    torch.manual_seed(0)
+    logits = torch.randn(4, 60, dtype=torch.float64) * 4
+    whole = _softmax_sums(logits, 60)
+    slices = [_softmax_sums(logits[:, :25], 25), _softmax_sums(logits[:, 25:], 35), _softmax_sums(logits[:, :10], 0)]
+    top = torch.stack([s[0] for s in slices]).amax(0)
+    torch.testing.assert_close(top, whole[0])
+    torch.testing.assert_close(sum(_shifted(s, top) for s in slices), whole[1:], atol=1e-6, rtol=1e-6)  # fp32 sums
+
+
 def _check_log_probs_against_reference(log_probs_and_entropy, vocab_size: int) -> None:
     torch.manual_seed(0)
     logits = torch.randn(3, 5, 50, dtype=torch.float64) * 3

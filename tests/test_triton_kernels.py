@@ -1,5 +1,6 @@
-"""The static engine's cascade decode attention (``rollout/decode_attention.py``) on this CPU, its Triton kernels run
-by Triton's interpreter: against each row's own softmax, and the whole engine against its SDPA path.
+"""The project's Triton kernels on this CPU, run by Triton's interpreter: the static engine's cascade decode attention
+(``rollout/decode_attention.py``) against each row's own softmax and the whole engine against its SDPA path; the
+log-prob's logits gradient (``actor/logprobs.py``) against the function it replaces on GPUs.
 
 Triton reads ``TRITON_INTERPRET`` when it is imported, so the tests run in a pytest of their own with it set
 (``test_in_triton_s_interpreter``); in this process they are skipped. What they cannot say is the kernels' speed on
@@ -31,7 +32,7 @@ def test_in_triton_s_interpreter():
         text=True,
     )
     assert run.returncode == 0, run.stdout[-3000:]
-    assert "2 passed" in run.stdout  # the interpreted tests ran (this one skips itself there)
+    assert "4 passed" in run.stdout  # the interpreted tests ran (this one skips itself there)
 
 
 @pytest.mark.skipif(INTERPRETER, reason="the pytest this starts")
@@ -87,3 +88,45 @@ def test_the_cascade_engine_generates_what_the_sdpa_one_does(tmp_path):
         assert engine.cascade and cascade.response_ids == sdpa.response_ids
         for got, want in zip(cascade.response_log_probs, sdpa.response_log_probs, strict=True):
             torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-5, rtol=0)
+
+
+@interpreted
+def test_the_logits_gradient_kernel_gives_what_the_compiled_function_does():
+    """Rows wider than the columns (a row stride), TP padding columns, labels on another rank (-1), several column
+    blocks, fp32 and bf16, with and without the entropy term."""
+    from grpo_core.actor.logprobs import _logits_grad, _logits_grad_triton
+
+    torch.manual_seed(0)
+    for columns, real, dtype, entropy_grad in ((50, 50, torch.float32, True), (300, 290, torch.bfloat16, True),
+                                               (5000, 4990, torch.float32, False)):  # fmt: skip
+        tokens = 7
+        logits = (torch.randn(tokens, columns + 3) * 3).to(dtype)[:, :columns]
+        labels = torch.randint(-1, real, (tokens,))
+        log_p = torch.log_softmax(logits[:, :real].float(), -1)
+        row_max = logits[:, :real].float().amax(-1)
+        log_z = torch.logsumexp(logits[:, :real].float() - row_max[:, None], -1)
+        entropy = -(log_p.exp() * log_p).sum(-1)
+        args = (logits, labels, row_max, log_z, entropy, torch.randn(tokens), torch.randn(tokens), real, entropy_grad)
+        got, want = _logits_grad_triton(*args), _logits_grad(*args)
+        assert got.dtype == dtype and got.shape == (tokens, columns)
+        tolerance = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-5, rtol=1.6e-2)
+        torch.testing.assert_close(got, want, **tolerance)
+        assert not got[:, real:].any()  # padding columns get no gradient
+
+
+@interpreted
+def test_the_softmax_sums_kernel_gives_what_the_two_passes_do():
+    """One read with a running max against the max, then the sums: TP padding columns, a max in a later block of
+    columns (the running sums rescaled), bf16, and a rank of padding only."""
+    from grpo_core.actor.logprobs import PAD_LOGIT, _exp_sums, _row_max, _softmax_sums_triton
+
+    torch.manual_seed(0)
+    for columns, real, dtype in ((50, 50, torch.float32), (300, 290, torch.bfloat16), (9000, 8990, torch.float32)):
+        logits = (torch.randn(5, columns + 3) * 3).to(dtype)[:, :columns]
+        logits[1, 8500 % columns] = 30.0  # the row's max, past the first block where there are two
+        got = _softmax_sums_triton(logits, real)
+        row_max = _row_max(logits, real)
+        torch.testing.assert_close(got[0], row_max)
+        torch.testing.assert_close(got[1:], _exp_sums(logits, row_max, real), atol=1e-5, rtol=1e-5)
+    padding_only = _softmax_sums_triton(logits, 0)
+    assert (padding_only[0] == PAD_LOGIT).all() and not padding_only[1:].any()
