@@ -46,7 +46,7 @@ def layouts(tiny_llama, actor_out):
     results = {}
     launches = [  # the DP1 and DP2 launches also run the aggregation x micro-batching sweep (sweep_dp*.json)
         (1, "1,1;1,1,h;1,1,t;1,1,pt", ["--learn-steps", "4", "--sweep-out", str(out / "sweep_dp1.json")]),
-        (2, "2,1;1,2;1,1;1,1,r;2,1,p;1,1,pt", ["--sweep-out", str(out / "sweep_dp2.json")]),
+        (2, "2,1;1,2;1,1;1,1,r;2,1,pf;1,1,pt", ["--sweep-out", str(out / "sweep_dp2.json")]),
         (4, "2,2;2,2,pt", []),
     ]
     for nproc, spec, extra in launches:
@@ -61,7 +61,7 @@ def test_every_layout_gives_the_same_update(layouts):
     exact = {"tp1_pp1_dp1", "tp2_pp1_dp1", "tp1_pp2_dp1", "tp1_pp1_dp2", "tp2_pp2_dp1", "tp1_pp1_dp2_r"}
     # packed sequences (TP2; PP2, whose micro-batches share one packed length) and
     # token-budget micro-batches (DP2: a different number of micro-batches on each rank)
-    exact |= {"tp1_pp1_dp1_t", "tp1_pp1_dp1_pt", "tp2_pp1_dp1_p", "tp1_pp1_dp2_pt", "tp2_pp2_dp1_pt"}
+    exact |= {"tp1_pp1_dp1_t", "tp1_pp1_dp1_pt", "tp2_pp1_dp1_pf", "tp1_pp1_dp2_pt", "tp2_pp2_dp1_pt"}
     assert set(layouts) == exact | {"tp1_pp1_dp1_h"}
     ref = layouts["tp1_pp1_dp1"]
     real = torch.tensor(ref["response_mask"]).bool()  # log-probs past a response's end are never used
@@ -72,6 +72,8 @@ def test_every_layout_gives_the_same_update(layouts):
         log_probs = torch.tensor(result["log_probs"])[real]
         assert torch.allclose(log_probs, torch.tensor(ref["log_probs"])[real], atol=1e-5), name
     assert ref["metrics"]["actor/grad_norm"] > 0
+    # the fused QKV split ran in the layout that turned it on, and in no other
+    assert {name for name, result in layouts.items() if result["split_rope_calls"]} == {"tp2_pp1_dp1_pf"}
     assert 0 < ref["metrics"]["actor/pg_clipfrac"] < 1  # the synthetic old log-probs exercise clipping
 
 
@@ -502,6 +504,57 @@ def test_shuffled_epochs_keep_the_stepped_rows_in_front_and_permute_the_rest():
     assert len({tuple(order.tolist()) for order in orders}) == 3 and list(range(12)) not in [o.tolist() for o in orders]
     again = epoch_orders(12, 3, 4, torch.Generator().manual_seed(5))
     assert all(torch.equal(a, b) for a, b in zip(orders, again, strict=True))
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_split_rope_matches_megatrons_split_then_rope(packed):
+    """The QKV projection split and rotated in one step gives megatron's queries, keys and values (its split, the
+    query reshape, then its RoPE per packed sequence or over padded rows), and the same gradient to the projection."""
+    from megatron.core.models.common.embeddings.rope_utils import (
+        _apply_rotary_pos_emb_bshd,
+        _apply_rotary_pos_emb_thd,
+    )
+
+    from grpo_core.models import fused
+
+    class OneRank:
+        def size(self):
+            return 1
+
+        def rank(self):
+            return 0
+
+    torch.manual_seed(0)
+    groups, per_group, d = 2, 3, 8  # 6 query heads over 2 KV heads
+    s, b = (12, 1) if packed else (7, 2)
+    mixed = torch.randn(s, b, groups, (per_group + 2) * d, dtype=torch.float64, requires_grad=True)
+    # packed: angles for the longest sequence, as megatron's GPTModel passes them (with one per packed token its
+    # per-sequence loop would offset each sequence's positions by its start)
+    freqs = torch.randn(5 if packed else s, 1, 1, d, dtype=torch.float64)
+    cu = torch.tensor([0, 5, 7, 12], dtype=torch.int32) if packed else None
+
+    def megatrons(x):
+        q, k, v = torch.split(x, [per_group * d, d, d], dim=3)
+        q = q.reshape(s, b, -1, d)
+        if packed:
+            q, k, v = q.squeeze(1), k.squeeze(1), v.squeeze(1)
+            return (
+                _apply_rotary_pos_emb_thd(q, cu, freqs, cp_group=OneRank()),
+                _apply_rotary_pos_emb_thd(k, cu, freqs, cp_group=OneRank()),
+                v,
+            )
+        return _apply_rotary_pos_emb_bshd(q, freqs), _apply_rotary_pos_emb_bshd(k, freqs), v
+
+    ours = fused.split_rope(mixed, freqs, per_group, cu)
+    if packed:
+        ours = tuple(t.squeeze(1) for t in ours)
+    reference = megatrons(mixed)
+    grads = [torch.randn_like(t) for t in reference]
+    for a, r in zip(ours, reference, strict=True):
+        assert a.is_contiguous() and a.shape == r.shape
+        torch.testing.assert_close(a, r, atol=1e-12, rtol=0)
+    mine = torch.autograd.grad(ours, mixed, grads)[0]
+    torch.testing.assert_close(mine, torch.autograd.grad(reference, mixed, grads)[0], atol=1e-12, rtol=0)
 
 
 def test_linear_bias_added_after_megatrons_gemm_keeps_its_outputs_and_gradients(monkeypatch):

@@ -88,3 +88,25 @@ def test_engine_rope_takes_a_graph_for_prefill_and_one_for_decode():
         torch.testing.assert_close(out[:, :rotated], fused._rope(t[:, :rotated], angles), atol=1e-5, rtol=1e-5)
         assert torch.equal(out[:, rotated:], t[:, rotated:])
     assert _graphs(fused._rope_heads) <= 2
+
+
+def test_split_rope_compiled_matches_eager_in_a_graph_for_packed_and_one_for_padded():
+    """The QKV split and RoPE as the GPU runs it (compiled, tokens symbolic), forward and backward, against its eager
+    form over a run's layouts: packed micro-batches [t, 1, groups, width] of several lengths and padded [s, b, ...]."""
+    torch._dynamo.reset()
+    groups, per_group = 2, 3
+    for s, b in ((300, 1), (287, 1), (40, 4), (37, 3)):
+        mixed = torch.randn(s, b, groups, (per_group + 2) * D, requires_grad=True)
+        angles = torch.rand(s, 1, 1, D) * 50
+        cos, sin = angles.cos(), angles.sin()
+        eager = fused._split_rope(mixed, cos, sin, per_group)
+        compiled = fused._split_rope_compiled(
+            fused.token_dims(mixed, 0, 1), fused.token_dims(cos, 0), fused.token_dims(sin, 0), per_group
+        )
+        grads = [torch.randn_like(t) for t in eager]
+        for a, e in zip(compiled, eager, strict=True):
+            torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            torch.autograd.grad(compiled, mixed, grads)[0], torch.autograd.grad(eager, mixed, grads)[0]
+        )
+    assert _graphs(fused._split_rope) <= 2

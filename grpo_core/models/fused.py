@@ -8,7 +8,8 @@ on what torch can provide instead, on GPUs only (on a CPU compiling costs more t
 - RMSNorm: one ``torch.compile``d kernel each way (used by ``spec.RMSNorm``);
 - RoPE: a compiled rotate-half, given to megatron through its ``apply_rope_fusion`` hooks
   (``rope_utils.fused_apply_rotary_pos_emb`` and its packed-sequence ``_thd`` twin, which TE would fill), the
-  angles' cos and sin computed once per micro-batch (``_CosSin``);
+  angles' cos and sin computed once per micro-batch (``_CosSin``); with it on, ``spec.SplitRopeSelfAttention``
+  splits megatron's QKV projection and rotates the queries and keys in one kernel (``split_rope``);
 - linear biases: added by a compiled kernel, not torch's broadcasting add (``install_bias_add``);
 - attention over packed sequences: torch's variable-length flash kernel (``varlen_causal_attention``);
 - SwiGLU: megatron's own ``bias_activation_fusion`` (its ``jit_fuser`` is ``torch.compile``), its backward
@@ -217,6 +218,39 @@ def _rope_thd(
     if kwargs.get("interleaved") or freqs.shape[-1] != t.shape[-1]:  # the general form, per position
         return _rope_bshd(t.unsqueeze(1), freqs[_positions(cu_seqlens, t.shape[0])], **kwargs).squeeze(1)
     return _rotated(t.unsqueeze(1), *_cos_sin.get(t.dtype, freqs, cu_seqlens, t.shape[0])).squeeze(1)
+
+
+def _split_rope(
+    mixed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads_per_group: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """megatron's QKV projection [s, b, groups, (heads_per_group + 2) * d] (each group's queries, then its key and
+    value) as rotated queries [s, b, heads, d], rotated keys and values [s, b, groups, d], each contiguous; cos and
+    sin [s, 1, 1, d]."""
+    s, b, groups, width = mixed.shape
+    x = mixed.view(s, b, groups, heads_per_group + 2, width // (heads_per_group + 2))
+    queries = _rotate_half(x[:, :, :, :heads_per_group], cos.unsqueeze(3), sin.unsqueeze(3))
+    keys = _rotate_half(x[:, :, :, heads_per_group], cos, sin)
+    values = x[:, :, :, heads_per_group + 1].clone(memory_format=torch.contiguous_format)
+    return queries.reshape(s, b, groups * heads_per_group, -1), keys, values
+
+
+_split_rope_compiled = torch.compile(_split_rope)
+
+
+def split_rope(
+    mixed: torch.Tensor,
+    freqs: torch.Tensor,
+    heads_per_group: int,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_split_rope`` by the angles ``freqs`` [s, 1, 1, d] (packed: positions restart at every ``cu_seqlens``
+    boundary), one kernel on GPUs. megatron's own split copies the queries out of the projection (a reshape of a
+    strided slice) and its RoPE reads and writes them again; here the projection is read once, and the backward
+    writes its gradient in one pass where megatron's concatenates the three."""
+    cos, sin = _cos_sin.get(mixed.dtype, freqs, cu_seqlens, mixed.shape[0])
+    if not mixed.is_cuda:
+        return _split_rope(mixed, cos, sin, heads_per_group)
+    return _split_rope_compiled(token_dims(mixed, 0, 1), token_dims(cos, 0), token_dims(sin, 0), heads_per_group)
 
 
 def install_fused_rope() -> None:

@@ -1,4 +1,4 @@
-"""The megatron-core layer spec this project trains with, and the two modules it swaps into it.
+"""The megatron-core layer spec this project trains with, and the modules it swaps into it.
 
 megatron's local spec (no Transformer Engine) has two problems for us: its ``DotProductAttention``
 materialises the [b, heads, s, s] score matrix (slow and memory-hungry; measured on an H200 at
@@ -9,7 +9,9 @@ megatron-core 0.16 and 0.19, and taking them from megatron keeps both working) a
 - core attention with ``SDPAttention`` (``torch.nn.functional.scaled_dot_product_attention``,
   grouped-query heads passed as they are, no KV expansion);
 - every norm (input, pre-MLP, final, Q/K) with ``RMSNorm``, which computes in fp32 like Hugging Face
-  and marks its weight for the sequence-parallel gradient all-reduce.
+  and marks its weight for the sequence-parallel gradient all-reduce;
+- self-attention with ``SplitRopeSelfAttention``, which with ``apply_rope_fusion`` on rotates the queries and
+  keys as it splits the QKV projection (one kernel where megatron runs a copy and two RoPE kernels).
 
 On GPUs the RMSNorm is one compiled kernel each way (models/fused.py, with the other kernels megatron
 would take from Transformer Engine or Apex).
@@ -24,7 +26,9 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
 )
+from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.spec_utils import ModuleSpec
@@ -67,6 +71,7 @@ def gpt_layer_spec(shape: ModelShape, use_te: bool | None = None) -> ModuleSpec:
     layer = spec.submodules
     layer.input_layernorm = RMSNorm
     layer.pre_mlp_layernorm = RMSNorm
+    layer.self_attention.module = SplitRopeSelfAttention
     attention = layer.self_attention.submodules
     attention.core_attention = SDPAttention
     if shape.qk_norm:
@@ -108,6 +113,58 @@ class RMSNorm(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fused.rms_norm(x, self.weight, self.eps)
+
+
+class SplitRopeSelfAttention(SelfAttention):
+    """megatron's ``SelfAttention`` with RoPE applied where the QKV projection is split (``fused.split_rope``).
+
+    Taken where ``apply_rope_fusion`` is on and the layer's RoPE is a plain rotate-half over whole heads (no
+    partial rotation, interleaving, YaRN scale, Q/K norm, output gate, context parallelism, inference context,
+    or TP above the KV heads); elsewhere megatron's own path runs unchanged. ``forward`` keeps the angles from
+    megatron's RoPE step (which then has nothing to do) for ``get_query_key_value_tensors`` to use.
+    """
+
+    def __init__(self, config: TransformerConfig, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        self.rope_at_split = (
+            config.apply_rope_fusion
+            and not config.rotary_interleaved
+            and not getattr(config, "no_rope_freq", None)
+            and not getattr(config, "attention_output_gate", False)
+            and not hasattr(config, "yarn_rotary_scaling_factor")
+            and config.context_parallel_size == 1
+            and config.num_query_groups >= self.world_size
+            and all(norm is None or isinstance(norm, IdentityOp) for norm in (self.q_layernorm, self.k_layernorm))
+        )
+        self._angles: tuple | None = None
+
+    def forward(self, hidden_states, *args, rotary_pos_emb=None, packed_seq_params=None, **kwargs):
+        if (
+            self.rope_at_split
+            and isinstance(rotary_pos_emb, torch.Tensor)
+            and rotary_pos_emb.shape[-1] == self.hidden_size_per_attention_head
+            and kwargs.get("inference_context") is None
+            and kwargs.get("inference_params") is None
+            and getattr(packed_seq_params, "qkv_format", "thd") == "thd"
+        ):
+            self._angles, rotary_pos_emb = (rotary_pos_emb, packed_seq_params), None
+        try:
+            return super().forward(
+                hidden_states, *args, rotary_pos_emb=rotary_pos_emb, packed_seq_params=packed_seq_params, **kwargs
+            )
+        finally:
+            self._angles = None
+
+    def get_query_key_value_tensors(self, hidden_states, key_value_states=None, output_gate=False, split_qkv=True):
+        if self._angles is None:
+            return super().get_query_key_value_tensors(hidden_states, key_value_states, output_gate, split_qkv)
+        mixed, _ = super().get_query_key_value_tensors(hidden_states, key_value_states, split_qkv=False)
+        freqs, packed = self._angles
+        cu_seqlens = None
+        if packed is not None:  # megatron's RoPE takes the padded offsets where there are
+            cu_seqlens = packed.cu_seqlens_q_padded if packed.cu_seqlens_q_padded is not None else packed.cu_seqlens_q
+        heads_per_group = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
+        return fused.split_rope(mixed, freqs, heads_per_group, cu_seqlens)
 
 
 class SDPAttention(MegatronModule):

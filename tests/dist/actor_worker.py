@@ -22,6 +22,7 @@ from grpo_core.actor.loss import LossSettings
 from grpo_core.actor.parallel import init_distributed, init_model_parallel
 from grpo_core.algos import LOSS_AGG_MODES, get_adv_estimator
 from grpo_core.data.batch import RolloutBatch
+from grpo_core.models import fused
 from grpo_core.models.shape import load_model_shape
 from grpo_core.planning.layout import ParallelLayout
 
@@ -70,6 +71,18 @@ def sweep_micro_batching() -> list[tuple[str, int, int | None]]:
         for rows in SWEEP_ROWS
         for dynamic in (False, True)
     ]
+
+
+SPLIT_ROPE_CALLS = [0]  # how often the layer took the fused QKV split: a layout with "f" must, the others not
+_split_rope = fused.split_rope
+
+
+def _counted_split_rope(*args, **kwargs):
+    SPLIT_ROPE_CALLS[0] += 1
+    return _split_rope(*args, **kwargs)
+
+
+fused.split_rope = _counted_split_rope
 
 
 def synthetic_batch(vocab: int, rows: int = 8, prompt: int = 6, response: int = 5) -> RolloutBatch:
@@ -177,7 +190,7 @@ def main() -> None:
         "--layouts",
         required=True,
         help="tp,pp[,flags];... flags: r recompute, h fp16, b bf16, p packed sequences, "
-        "t micro-batches by a token budget",
+        "t micro-batches by a token budget, f apply_rope_fusion (the split QKV rotated in one step)",
     )
     parser.add_argument("--learn-steps", type=int, default=0)
     parser.add_argument("--out", required=True)
@@ -194,12 +207,15 @@ def main() -> None:
         dtype = "float16" if "h" in flags else "bfloat16" if "b" in flags else "float32"
         layout = ParallelLayout(world_size=world, tp=tp, pp=pp)
         init_model_parallel(layout, seed=7)
+        SPLIT_ROPE_CALLS[0] = 0
         settings = ActorSettings(
             layout=layout,
             dtype=dtype,
             recompute="r" in flags,
             pack_sequences="p" in flags,
             micro_batch_tokens=19 if "t" in flags else None,  # DP2: 3 micro-batches on rank 0, 2 on rank 1
+            # our RoPE (eager here), with the queries and keys rotated as the QKV projection is split
+            transformer_overrides={"apply_rope_fusion": True} if "f" in flags else None,
             initial_loss_scale=1024.0,  # the tiny model's per-token gradients are large: 2^16 overflows
             lr=1e-3 if args.learn_steps else 1e-5,
             mini_batch_rows=8,
@@ -235,6 +251,7 @@ def main() -> None:
             # packed rows are sliced at other memory offsets from call to call, and CPU GEMM kernels round by
             # alignment: frozen means unchanged to 1e-6, two orders below what one update moves
             "ref_change": (ref_after - log_probs).abs().max().item(),
+            "split_rope_calls": SPLIT_ROPE_CALLS[0],
             "policy_change": (policy.compute_log_prob(batch, micro_batch_tokens=tokens)[0] - log_probs)
             .abs()
             .max()
@@ -247,7 +264,12 @@ def main() -> None:
             result["log_probs_after"] = policy.compute_log_prob(batch)[0].tolist()
         if args.family and not flags:
             result["family"] = family_updates(
-                policy, settings, args.hf_dir, params, start, with_old_and_ref(synthetic_batch(shape.vocab_size), log_probs)
+                policy,
+                settings,
+                args.hf_dir,
+                params,
+                start,
+                with_old_and_ref(synthetic_batch(shape.vocab_size), log_probs),
             )
         results[f"tp{tp}_pp{pp}_dp{layout.dp}{'_' + flags if flags else ''}"] = result
     sweep_results = sweep(args.hf_dir, shape, world) if args.sweep_out else None
