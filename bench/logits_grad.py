@@ -9,6 +9,7 @@ logits; compiled, a max pass and a sums pass) and the backward's gradient (a rea
 import argparse
 
 import torch
+from cuda_timing import copy_tbps, ms
 
 from grpo_core.actor.logprobs import (
     _exp_sums,
@@ -18,18 +19,6 @@ from grpo_core.actor.logprobs import (
     _row_max,
     _softmax_sums_triton,
 )
-
-
-def ms(fn, *args, repeats: int = 10) -> float:
-    """Mean milliseconds of ``fn(*args)``."""
-    fn(*args)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn(*args)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
 
 
 def compiled_sums(logits: torch.Tensor, real: int) -> torch.Tensor:
@@ -42,15 +31,12 @@ def main() -> None:
     p.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384, 32768])
     p.add_argument("--columns", type=int, default=151936)
     args = p.parse_args()
-    big = torch.empty(2**30, device="cuda", dtype=torch.uint8)
-    copy_tbps = 2 * big.numel() / ms(torch.clone, big) / 1e9  # read + write, TB/s
-    del big
-    print(f"copy bandwidth {copy_tbps:.2f} TB/s")
+    copy = copy_tbps()
     print("| pass | tokens | compiled ms | Triton ms | bytes' time ms | max difference |\n|" + " --- |" * 6)
     for tokens in args.tokens:
         torch.manual_seed(0)
         logits = torch.randn(tokens, args.columns, device="cuda", dtype=torch.bfloat16) * 3
-        read_ms = logits.numel() * logits.element_size() / copy_tbps / 1e9
+        read_ms = logits.numel() * logits.element_size() / copy / 1e9
         sums = (compiled_sums, _softmax_sums_triton, (logits, args.columns), read_ms)
         row_max, sum_exp, sum_es = compiled_sums(logits, args.columns)
         labels = torch.randint(0, args.columns, (tokens,), device="cuda")

@@ -9,20 +9,9 @@ split (views), the query reshape (a copy), then the compiled RoPE hooks for the 
 import argparse
 
 import torch
+from cuda_timing import copy_tbps, ms
 
 from grpo_core.models import fused
-
-
-def ms(fn, *args, repeats: int = 20) -> float:
-    """Mean milliseconds of ``fn(*args)``."""
-    fn(*args)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn(*args)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
 
 
 def megatrons(mixed: torch.Tensor, freqs: torch.Tensor, cu: torch.Tensor, per_group: int, d: int):
@@ -54,10 +43,7 @@ def main() -> None:
     p.add_argument("--head-dim", type=int, default=128)
     args = p.parse_args()
     fused.install_fused_rope()
-    big = torch.empty(2**30, device="cuda", dtype=torch.uint8)
-    copy_tbps = 2 * big.numel() / ms(torch.clone, big) / 1e9  # read + write, TB/s
-    del big
-    print(f"copy bandwidth {copy_tbps:.2f} TB/s")
+    copy = copy_tbps()
     print("| tokens | pass | megatron ms | fused ms | bytes' time ms | max difference |\n|" + " --- |" * 6)
     d, per_group = args.head_dim, args.per_group
     for tokens in args.tokens:
@@ -66,7 +52,7 @@ def main() -> None:
         mixed = torch.randn(tokens, 1, args.groups, width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         freqs = torch.rand(args.sequence, 1, 1, d, device="cuda") * 100
         cu = torch.arange(0, tokens + args.sequence, args.sequence, device="cuda").clamp(max=tokens).int()
-        io_ms = 2 * mixed.numel() * mixed.element_size() / copy_tbps / 1e9  # read it once, write q, k, v once
+        io_ms = 2 * mixed.numel() * mixed.element_size() / copy / 1e9  # read it once, write q, k, v once
         outputs = {name: fn(mixed, freqs, cu, per_group, d) for name, fn in (("megatron", megatrons), ("fused", ours))}
         grads = [torch.randn_like(t) for t in outputs["fused"]]
         diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(*outputs.values(), strict=True))
