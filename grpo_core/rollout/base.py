@@ -168,14 +168,15 @@ def to_rollout_batch(
     prompt_len = torch.tensor([len(p) for p in prompts], dtype=torch.long)
     response_len = torch.tensor([len(r) for r in gen.response_ids], dtype=torch.long)
     in_prompt = torch.arange(P) >= P - prompt_len[:, None]  # left-padded
-    response_mask = (torch.arange(R) < response_len[:, None]).long()  # right-padded
+    in_response = torch.arange(R) < response_len[:, None]  # right-padded
 
     B = len(gen.response_ids)
     input_ids = torch.full((B, P + R), pad_id, dtype=torch.long)
     input_ids[:, :P][in_prompt] = _flat(prompts, np.int64)
-    input_ids[:, P:][response_mask.bool()] = _flat(gen.response_ids, np.int64)
+    input_ids[:, P:][in_response] = _flat(gen.response_ids, np.int64)
     rollout_log_probs = torch.zeros((B, R), dtype=torch.float32)
-    rollout_log_probs[response_mask.bool()] = _flat(gen.response_log_probs, np.float32)
+    rollout_log_probs[in_response] = _flat(gen.response_log_probs, np.float32)
+    response_mask = in_response.long()
     attention_mask = torch.cat((in_prompt.long(), response_mask), dim=1)
     return RolloutBatch(input_ids, attention_mask, response_mask, rollout_log_probs=rollout_log_probs)
 
