@@ -145,9 +145,11 @@ def causal_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 class MicroBatch:
     rows: RolloutBatch
     packed: PackedRows | None = None  # the rows as one packed sequence (see actor/packing.py)
+    # whether an unpacked row pads, read on the host: on the device it would cost a sync per micro-batch
+    pads: bool = True
 
     def map(self, fn) -> "MicroBatch":
-        return MicroBatch(self.rows.map(fn), self.packed and self.packed.map(fn))
+        return replace(self, rows=self.rows.map(fn), packed=self.packed and self.packed.map(fn))
 
 
 class MegatronActor:
@@ -263,7 +265,7 @@ class MegatronActor:
             attn = torch.nn.functional.pad(attn, (0, pad))
         positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
         # No padding at all: no mask, so attention takes the causal fast path (flash kernels on GPU).
-        mask = None if bool(attn.all()) else causal_padding_mask(attn)
+        mask = causal_padding_mask(attn) if mb.pads or pad else None
         return model(ids, positions, mask)
 
     def _response_log_probs(self, logits: torch.Tensor, mb: MicroBatch, entropy_grad: bool):
@@ -290,7 +292,8 @@ class MegatronActor:
             length = max(packed_length(g, multiple) for g in groups) if pp > 1 else None
             micro = [MicroBatch(g, pack(g, multiple, length)) for g in groups]
         else:
-            micro = [MicroBatch(g.without_leading_padding() if pp == 1 else g) for g in groups]
+            rows = [g.without_leading_padding() if pp == 1 else g for g in groups]
+            micro = [MicroBatch(r, pads=not bool(r.attention_mask.all())) for r in rows]
         return [mb.map(send) for mb in micro]
 
     def _run(self, batches: list[MicroBatch], step_fn, forward_only: bool) -> list[dict]:
