@@ -75,11 +75,12 @@ kinds = ("gemm", "attention", "comm", "copy", "other")
 profiled = [(path.parent.name, r) for path in sorted(out.glob("*/metrics.jsonl"))
             for r in map(json.loads, path.read_text().splitlines()) if any(k.startswith("profile/idle") for k in r)]
 if profiled:
-    print("\n| run | step | phase | idle % | " + " | ".join(f"{k} % of kernel time" for k in kinds) + " |")
-    print("|" + " --- |" * (len(kinds) + 4))
+    print("\n| run | step | phase | idle % | host syncs | " + " | ".join(f"{k} % of kernel time" for k in kinds) + " |")
+    print("|" + " --- |" * (len(kinds) + 5))
 for name, r in profiled:
     for p in phases:
         if f"profile/idle_share_{p}" in r:
             print(f"| {name} | {r['step']} | {p} | {100 * r[f'profile/idle_share_{p}']:.0f} | "
+                  f"{r.get(f'profile/host_syncs_{p}', 0):.0f} | "
                   + " | ".join(f"{100 * r.get(f'profile/{k}_time_share_{p}', 0):.0f}" for k in kinds) + " |")
 PY

@@ -1,6 +1,7 @@
 """A profiled step's kernels, phase by phase, the most time first, each with the CPU op that launched it, then the
-phase's longest idle gaps with what the host was doing in them: what the ``profile/*_share_<phase>`` metrics
-summarise, down to the kernel (which fusion to write next) and the gap (which sync to move).
+phase's longest idle gaps with what the host was doing in them, then the calls that made the host wait for the GPU:
+what the ``profile/*_share_<phase>`` and ``profile/host_syncs_<phase>`` metrics summarise, down to the kernel (which
+fusion to write next), the gap and the sync (which to move).
 
     python3 bench/trace_kernels.py RUN_DIR/profile/step_000003.json.gz [--top 15]
 
@@ -10,7 +11,7 @@ summarise, down to the kernel (which fusion to write next) and the gap (which sy
 import argparse
 from pathlib import Path
 
-from grpo_core.diagnostics.profile import idle_gaps, kernel_shares, read_trace, top_kernels
+from grpo_core.diagnostics.profile import host_syncs, idle_gaps, kernel_shares, read_trace, top_kernels
 
 
 def main() -> None:
@@ -26,6 +27,7 @@ def main() -> None:
         parser.error(f"cannot read {args.trace} as a chrome trace: {error!r}")
     shares = kernel_shares(events, args.phases)
     gaps = idle_gaps(events, args.phases, args.gaps)
+    syncs = host_syncs(events, args.phases)
     for phase, rows in top_kernels(events, args.phases, args.top).items():
         print(f"\n{phase}: idle {100 * shares[f'profile/idle_share_{phase}']:.0f}% of its wall time")
         print("| ms | launches | kind | kernel | launched by |\n| --- | --- | --- | --- | --- |")
@@ -34,6 +36,9 @@ def main() -> None:
         print("\n| idle ms | at ms | host in | next kernel's launcher |\n| --- | --- | --- | --- |")
         for g in gaps.get(phase, []):
             print(f"| {g['us'] / 1e3:.2f} | {g['at_ms']:.1f} | {g['host']} | {g['then']} |")
+        print("\n| host waited ms | calls | in |\n| --- | --- | --- |")
+        for r in syncs.get(phase, []):
+            print(f"| {r['us'] / 1e3:.2f} | {r['calls']} | {r['host']} |")
 
 
 if __name__ == "__main__":

@@ -15,10 +15,12 @@ from grpo_core.diagnostics import advice
 from grpo_core.diagnostics.gpu import Sample, gpu_metrics
 from grpo_core.diagnostics.profile import (
     comm_shares,
+    host_syncs,
     idle_gaps,
     kernel_kind,
     kernel_shares,
     read_trace,
+    sync_counts,
     top_kernels,
 )
 from grpo_core.models.shape import ModelShape
@@ -169,6 +171,46 @@ def test_idle_gaps_are_the_longest_stretches_without_kernels_with_what_the_host_
     (tmp_path / "bad.json").write_text("{")
     bad = subprocess.run([sys.executable, script, tmp_path / "bad.json"], capture_output=True, text=True)
     assert bad.returncode == 2 and "cannot read" in bad.stderr.splitlines()[-1]
+
+
+def test_host_syncs_count_the_calls_that_wait_for_the_gpu_by_where_they_were_made(tmp_path):
+    def runtime(name, ts, dur, tid=1):
+        return span(name, ts, dur, "cuda_runtime") | {"tid": tid}
+
+    events = [
+        span("update", 0, 1000, "user_annotation"),
+        span("old_log_prob", 1000, 500, "user_annotation"),
+        span("aten::item", 100, 60) | {"tid": 1},
+        span("aten::_local_scalar_dense", 102, 55) | {"tid": 1},
+        runtime("cudaMemcpyAsync", 104, 3),  # queued: not a wait
+        runtime("cudaStreamSynchronize", 108, 48),
+        span("aten::item", 300, 30) | {"tid": 1},
+        span("aten::_local_scalar_dense", 301, 28) | {"tid": 1},
+        runtime("cudaStreamSynchronize", 303, 25),
+        runtime("cudaLaunchKernel", 500, 2),
+        runtime("cudaDeviceSynchronize", 990, 9),  # the phase's end, outside any op
+        runtime("cudaDeviceSynchronize", 1490, 7),
+        span("sm90_gemm", 0, 100, "kernel"),
+    ]
+    item = "cudaStreamSynchronize < aten::_local_scalar_dense < aten::item"
+    assert host_syncs(events, ["update", "old_log_prob", "gen"]) == {
+        "update": [{"host": item, "calls": 2, "us": 73.0}, {"host": "cudaDeviceSynchronize", "calls": 1, "us": 9.0}],
+        "old_log_prob": [{"host": "cudaDeviceSynchronize", "calls": 1, "us": 7.0}],
+    }
+    assert sync_counts(events, ["update", "old_log_prob"]) == {
+        "profile/host_syncs_update": 3.0,
+        "profile/host_syncs_old_log_prob": 1.0,
+    }
+    cpu_trace = [e for e in events if e["cat"] != "cuda_runtime"]
+    assert sync_counts(cpu_trace, ["update"]) == {}  # a CPU trace has no GPU to wait for
+    # the step's metrics keep the counts without the launches; bench/trace_kernels.py names the callers
+    path = tmp_path / "step_000004.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    assert sync_counts(read_trace(path, ["update"]), ["update"]) == {"profile/host_syncs_update": 3.0}
+    script = Path(__file__).parents[1] / "bench" / "trace_kernels.py"
+    printed = subprocess.run([sys.executable, script, path], capture_output=True, text=True, check=True).stdout
+    assert f"| 0.07 | 2 | {item} |" in printed
 
 
 def test_gpu_metrics_average_each_phase_and_keep_the_peak_memory():

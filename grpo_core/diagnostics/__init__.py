@@ -32,7 +32,7 @@ from grpo_core.diagnostics.advice import (
 from grpo_core.diagnostics.counters import StepDeltas, allocator_totals, compile_totals
 from grpo_core.diagnostics.gc_pauses import GcPauses
 from grpo_core.diagnostics.gpu import GpuSampler, gpu_metrics
-from grpo_core.diagnostics.profile import comm_shares, kernel_shares, read_trace
+from grpo_core.diagnostics.profile import comm_shares, kernel_shares, read_trace, sync_counts
 from grpo_core.models.shape import ModelShape
 from grpo_core.planning.memory import MemoryEstimate
 
@@ -119,7 +119,8 @@ class RunDiagnostics:
         logger.info("profile of step %d (rank 0): %s.gz", step, path)
         if self.tracker is not None:
             self.tracker.log_artifact(f"{path}.gz", PROFILE_DIR)
-        return comm_shares(events, self._phases) | kernel_shares(events, self._phases)
+        phases = self._phases
+        return comm_shares(events, phases) | kernel_shares(events, phases) | sync_counts(events, phases)
 
     def _warn(self, metrics: dict[str, float], utilisation: bool) -> None:
         """Once per kind: generation, the training phases, collectives (not the sync: a broadcast by nature)."""

@@ -12,7 +12,8 @@ Overlapping spans count once. The share includes waiting for slower peers, as th
 running (launch overheads, host work, syncs), and how its kernel time splits between GEMMs, attention,
 collectives, copies and the rest (element-wise kernels, reductions, the optimizer); ``top_kernels`` goes
 down to the kernels themselves, each with the CPU op that launched it, and ``idle_gaps`` to the longest idle
-stretches with what the host was doing in them (``bench/trace_kernels.py`` prints both).
+stretches with what the host was doing in them, and ``host_syncs`` to the calls that made the host wait for the
+GPU, each with the CPU ops it was called from (``bench/trace_kernels.py`` prints all three).
 """
 
 import gzip
@@ -31,6 +32,12 @@ KERNEL_KINDS = {
     "gemm": ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul"),
 }
 COPY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
+# Runtime calls that block the host until the GPU has caught up: ``.item()``, ``.cpu()`` and ``bool(t)`` end in
+# a stream synchronize, a pageable copy is a plain cudaMemcpy, and the allocator's cudaFree (a retry after a
+# failed allocation, ``empty_cache``) waits for the whole device.
+SYNC_CALLS = frozenset(
+    ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaFree", "cudaFreeHost")
+)
 
 SCAN_BACK = 5000  # CPU ops looked back through for a launch's enclosing ones (a phase holds ~10^5)
 Spans = list[list[float]]  # sorted, disjoint [start, end] in microseconds
@@ -54,6 +61,7 @@ def read_trace(path: Path, phases: Iterable[str], launches: bool = False) -> lis
         cat, name = obj.get("cat"), str(obj.get("name", ""))
         busy = cat == "kernel" or cat in COPY_CATEGORIES
         wanted = busy or (cat == "user_annotation" and name in phases) or is_comm(name) or cat in launch_categories
+        wanted = wanted or (cat == "cuda_runtime" and name in SYNC_CALLS)
         return obj if wanted else None
 
     with (gzip.open if str(path).endswith(".gz") else open)(path, "rt") as f:
@@ -209,6 +217,39 @@ def idle_gaps(events: list[dict], phases: Iterable[str], top: int = 10) -> dict[
             )
         tables[phase] = rows
     return tables
+
+
+def host_syncs(events: list[dict], phases: Iterable[str]) -> dict[str, list[dict]]:
+    """Per phase found in a GPU trace, the calls in it that made the host wait for the GPU (``SYNC_CALLS``),
+    grouped by where they were made, the longest wait first: ``host`` (the call, then the innermost CPU ops
+    around it where the trace has them), ``calls`` and ``us`` (the host's time in them). Each phase ends in one
+    ``cudaDeviceSynchronize``, the loop's timing; any other is a sync that lets the GPU's queue run dry.
+    Nothing for a CPU trace."""
+    syncs = [e for e in events if e.get("cat") == "cuda_runtime" and e.get("name") in SYNC_CALLS and "dur" in e]
+    if not syncs:
+        return {}
+    cpu, tables = _CpuOps(events), {}
+    for phase in phases:
+        windows = _windows(events, phase)
+        if not windows:
+            continue
+        groups: dict[str, dict] = {}
+        for call in syncs:
+            if any(a <= float(call["ts"]) < b for a, b in windows):
+                host = " < ".join(filter(None, (call["name"], cpu.around(call.get("tid"), float(call["ts"])))))
+                group = groups.setdefault(host, {"host": host, "calls": 0, "us": 0.0})
+                group["calls"] += 1
+                group["us"] += float(call["dur"])
+        tables[phase] = sorted(groups.values(), key=lambda g: -g["us"])
+    return tables
+
+
+def sync_counts(events: list[dict], phases: Iterable[str]) -> dict[str, float]:
+    """``profile/host_syncs_<phase>``: how many times the host waited for the GPU in each phase (see ``host_syncs``)."""
+    return {
+        f"profile/host_syncs_{phase}": float(sum(g["calls"] for g in groups))
+        for phase, groups in host_syncs(events, phases).items()
+    }
 
 
 def _windows(events: list[dict], phase: str) -> Spans:
