@@ -106,3 +106,22 @@ def test_shipped_configs_load_and_flatten():
         flat = to_flat_dict(load_config(path))
         assert flat["algorithm.adv_estimator"] == "grpo", path
         assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size" in flat
+
+
+@pytest.mark.parametrize("bf16_cpu", [True, False], ids=["bf16 CPU", "AVX2 CPU"])
+def test_auto_dtype_is_bf16_where_the_hardware_multiplies_in_it_and_bf16_elsewhere_is_warned_about(
+    monkeypatch, bf16_cpu
+):
+    from grpo_core.config.validate import check_config
+    from grpo_core.planning import hardware
+
+    monkeypatch.setattr(hardware, "cpu_has_bf16_matmul", lambda: bf16_cpu)
+    demo = REPO / "configs/demo_cpu.yaml"  # dtype: auto for the actor, the rollout and the evaluation
+    cfg = load_config(demo)
+    arr, want = cfg.actor_rollout_ref, "bfloat16" if bf16_cpu else "float32"
+    assert (arr.actor.megatron.dtype, arr.rollout.dtype, cfg.evaluation.dtype) == (want, want, want)
+    assert load_config(demo, ["trainer.device=cuda"]).actor_rollout_ref.rollout.dtype == "bfloat16"
+    assert not [w for w in check_config(cfg, None).warnings if "bfloat16" in w]
+    explicit = load_config(demo, ["actor_rollout_ref.actor.megatron.dtype=bfloat16"])
+    warned = [w for w in check_config(explicit, None).warnings if "bf16 matrix instructions" in w]
+    assert [w.split("=")[0] for w in warned] == ([] if bf16_cpu else ["actor_rollout_ref.actor.megatron.dtype"])

@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from grpo_core.config import verl_keys
-from grpo_core.config.schema import FREE_FORM_KEYS, GRPOConfig, iter_settings
+from grpo_core.config.schema import AUTO_DTYPE, FREE_FORM_KEYS, GRPOConfig, iter_settings
+from grpo_core.planning.hardware import native_dtype
 
 ALIASES = {
     "algorithm.group_size": "actor_rollout_ref.rollout.n",
@@ -280,6 +281,9 @@ def _normalise(cfg: GRPOConfig) -> list[str]:
             section.log_prob_max_token_len_per_gpu = actor.ppo_max_token_len_per_gpu
     if optim.total_training_steps is not None and optim.total_training_steps <= 0:
         optim.total_training_steps = None  # verl's -1: from the run's length
+    for section in (actor.megatron, cfg.actor_rollout_ref.rollout, cfg.evaluation):
+        if section.dtype == AUTO_DTYPE:  # resolved here, so that checks, logs and checkpoints see what ran
+            section.dtype = native_dtype(trainer.device)
     return []
 
 

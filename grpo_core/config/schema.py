@@ -24,6 +24,8 @@ def section(cls: type, help: str) -> Any:
 
 
 DTYPES = ("bfloat16", "float16", "float32")
+# auto: bfloat16 where the hardware multiplies in it natively (GPUs; CPUs with AVX-512 or AMX), float32 elsewhere
+AUTO_DTYPE = "auto"
 
 
 @dataclass
@@ -93,7 +95,12 @@ class MegatronConfig:
         "parameter per GPU while saving); false: each rank's own shards, resumable at the same TP/PP (Megatron-LM's "
         "default)",
     )
-    dtype: str = setting("bfloat16", "compute dtype (float16 trains with dynamic loss scaling)", DTYPES)
+    dtype: str = setting(
+        "bfloat16",
+        "compute dtype (float16 trains with dynamic loss scaling; auto: bfloat16 where the hardware computes in it "
+        "natively, else float32)",
+        (*DTYPES, AUTO_DTYPE),
+    )
     seed: int = setting(42, "seed of weight init and dropout")
     override_transformer_config: dict[str, Any] = setting(
         {}, "free-form megatron TransformerConfig fields, added with +key=value"
@@ -208,7 +215,7 @@ class RolloutConfig:
     temperature: float = setting(1.0, "sampling temperature")
     top_p: float = setting(1.0, "nucleus sampling")
     top_k: int = setting(-1, "top-k sampling (-1: off)")
-    dtype: str = setting("bfloat16", "engine weight dtype", DTYPES)
+    dtype: str = setting("bfloat16", "engine weight dtype (auto: as the actor's auto)", (*DTYPES, AUTO_DTYPE))
     tensor_model_parallel_size: int = setting(1, "TP of the rollout engine (may differ from the actor's)")
     gpu_memory_utilization: float = setting(0.5, "share of GPU memory the engine may take (weights + KV)")
     max_num_batched_tokens: int = setting(8192, "engine's token budget per scheduler step")
@@ -389,7 +396,9 @@ class EvaluationConfig:
         ("hf", "static"),
     )
     dtype: str | None = setting(
-        None, "weights and compute (null: float32 on a CPU, bfloat16 on a GPU)", (None, "float32", "bfloat16")
+        None,
+        "weights and compute (null: float32 on a CPU, bfloat16 on a GPU; auto: as the actor's auto)",
+        (None, "float32", "bfloat16", AUTO_DTYPE),
     )
 
 
