@@ -123,6 +123,27 @@ def test_secrets_inside_dict_settings_are_masked():
     }
 
 
+def test_close_gives_an_outage_its_wait_once_not_again_at_the_end(tmp_path, monkeypatch):
+    """A server that went away just now is retried until it has been gone ``wait_s``; one that has been gone
+    longer (down for the whole run) gets one last try, and its calls go to the pending file at once."""
+    attempts = []
+
+    def refused(method, kwargs):
+        attempts.append(method)
+        raise ConnectionError("connection refused")
+
+    for age_s, tries in ((0.0, range(3, 20)), (60.0, [2])):  # (the outage's age at close, the calls tried in all)
+        attempts.clear()
+        pending = tmp_path / f"pending_{age_s:g}.jsonl"
+        run = MlflowRun(f"http://127.0.0.1:{free_port()}", "r1", pending_file=pending, retry_s=0.05)
+        monkeypatch.setattr(run, "call", refused)
+        run.log_metrics({"reward/mean": 0.5}, step=1)  # the first refusal: the outage starts
+        run._down_since -= age_s
+        assert not run.close(wait_s=0.5)
+        assert len(attempts) in tries, (age_s, attempts)
+        assert len(pending.read_text().splitlines()) == 1
+
+
 def test_a_run_deferred_while_the_server_is_down_is_synced_once_from_its_pending_file(tmp_path):
     from grpo_core.tracking.mlflow_run import KEY_TAG
     from grpo_core.tracking.sync import sync_pending

@@ -2,9 +2,10 @@
 
 Every call is queued and the queue is sent in order; when the server does not answer, the calls stay
 queued (a warning says so once), are retried at the next call after ``retry_s``, and are flushed when
-the server is back. Whatever cannot be sent by ``close`` is written to ``pending_file`` (JSON lines of
-the calls) and said so, so nothing is lost; ``grpo tracking sync RUN_DIR`` (sync.py) replays it later. The
-HTTP client's own retries are capped so that a dead server costs a step seconds, not minutes.
+the server is back. Whatever cannot be sent by ``close`` (which gives an outage ``wait_s`` in all) is written
+to ``pending_file`` (JSON lines of the calls) and said so, so nothing is lost; ``grpo tracking sync RUN_DIR``
+(sync.py) replays it later. The HTTP client's own retries are capped so that a dead server costs a step
+seconds, not minutes.
 
 A run that could not be created (the server was down when the pipeline started) has a *deferred* id,
 ``pending:<pipeline key>:<experiment>``: the first flush that reaches the server finds the run carrying
@@ -220,9 +221,10 @@ class MlflowRun:
             self.results[method] = getattr(self.client, method)(self.run_id, **kwargs)
 
     def close(self, wait_s: float = 30.0) -> bool:
-        """Flush, retrying for up to ``wait_s``; what is still queued goes to ``pending_file``."""
-        deadline = time.monotonic() + wait_s
-        while not self.flush() and time.monotonic() < deadline:
+        """Flush, retrying until the server has been unreachable for ``wait_s``: a blip at the end is ridden out,
+        an outage already older (a server down for the whole run) is not waited for again. What is still queued
+        goes to ``pending_file``."""
+        while not self.flush() and time.monotonic() < self._down_since + wait_s:
             time.sleep(min(2.0, self.retry_s))
         if not self.queue:
             return True
