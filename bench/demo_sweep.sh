@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The CPU demo's learning settings, tried where a run takes a minute: configs/demo_cpu.yaml as it is (bf16, the
-# static engine, the embedded GSM8K sample) but on a GPU, at several learning rates and prompts per step, each
-# with two data seeds, all runs at once (a 135M model's step is host-bound: the GPU has room for all of them).
-# Prints the training format rate and reward by step for each run: the demo's settings are the cheapest ones
-# whose format rate rises within the steps two CPU cores can do in ~10 minutes.
+# The CPU demo's learning settings (`make demo-learn`), tried where a run takes a minute: configs/demo_cpu.yaml
+# with 128-token responses (bf16, the static engine, the embedded GSM8K sample) but on a GPU, at several learning
+# rates and prompts per step, each with two data seeds, all runs at once (a 135M model's step is host-bound: the
+# GPU has room for all of them). Prints the training format rate and reward by step for each run: demo-learn's
+# settings are the cheapest ones whose format rate rises within 10 steps.
 #   bash bench/demo_sweep.sh MODEL_DIR OUT [STEPS]
 # LRS, BATCHES (prompts per step) and SEEDS override the grid.
 set -uo pipefail
@@ -16,7 +16,8 @@ for lr in ${LRS:-3e-5 1e-4 3e-4}; do
       name="lr${lr}_p${prompts}_s${seed}"
       python3 -m grpo_core.cli train --config configs/demo_cpu.yaml actor_rollout_ref.model.path="$model" \
         trainer.device=cuda data.train_files="[$work/gsm8k/train.parquet]" data.val_files="[$work/gsm8k/test.parquet]" \
-        actor_rollout_ref.actor.optim.lr="$lr" data.train_batch_size="$prompts" \
+        actor_rollout_ref.actor.optim.lr="$lr" data.train_batch_size="$prompts" data.max_response_length=128 \
+        actor_rollout_ref.rollout.max_num_seqs=32 \
         actor_rollout_ref.actor.ppo_mini_batch_size="$prompts" data.seed="$seed" \
         trainer.total_training_steps="$steps" trainer.default_local_dir="$work/$name" trainer.resume_mode=disable \
         > "$out/$name.log" 2>&1 &
