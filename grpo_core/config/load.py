@@ -10,6 +10,7 @@ adding keys to free-form sections, and Hydra's ``--config-path/--config-name``.
 import difflib
 import typing
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from grpo_core.config import verl_keys
-from grpo_core.config.schema import AUTO_DTYPE, FREE_FORM_KEYS, GRPOConfig, iter_settings
+from grpo_core.config.schema import AUTO_DTYPE, DTYPE_SECTIONS, FREE_FORM_KEYS, GRPOConfig, iter_settings
 from grpo_core.planning.hardware import native_dtype
 
 ALIASES = {
@@ -281,7 +282,8 @@ def _normalise(cfg: GRPOConfig) -> list[str]:
             section.log_prob_max_token_len_per_gpu = actor.ppo_max_token_len_per_gpu
     if optim.total_training_steps is not None and optim.total_training_steps <= 0:
         optim.total_training_steps = None  # verl's -1: from the run's length
-    for section in (actor.megatron, cfg.actor_rollout_ref.rollout, cfg.evaluation):
+    for key in DTYPE_SECTIONS:
+        section = attrgetter(key)(cfg)
         if section.dtype == AUTO_DTYPE:  # resolved here, so that checks, logs and checkpoints see what ran
             section.dtype = native_dtype(trainer.device)
     return []

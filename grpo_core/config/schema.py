@@ -26,6 +26,7 @@ def section(cls: type, help: str) -> Any:
 DTYPES = ("bfloat16", "float16", "float32")
 # auto: bfloat16 where the hardware multiplies in it natively (GPUs; CPUs with AVX-512 or AMX), float32 elsewhere
 AUTO_DTYPE = "auto"
+DTYPE_SECTIONS = ("actor_rollout_ref.actor.megatron", "actor_rollout_ref.rollout", "evaluation")  # each has a dtype
 
 
 @dataclass

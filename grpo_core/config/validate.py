@@ -14,6 +14,7 @@ import shutil
 import warnings
 from dataclasses import dataclass, field
 from functools import cache
+from operator import attrgetter
 from pathlib import Path
 
 from grpo_core.algos import (
@@ -24,7 +25,7 @@ from grpo_core.algos import (
     POLICY_LOSSES,
     ROLLOUT_IS_LEVELS,
 )
-from grpo_core.config.schema import CHECKPOINT_CONTENTS, GRPOConfig, iter_settings
+from grpo_core.config.schema import CHECKPOINT_CONTENTS, DTYPE_SECTIONS, GRPOConfig, iter_settings
 from grpo_core.config.verl_keys import REFUSED_VALUES
 from grpo_core.models.shape import HF_OVERRIDE_SECTION, ModelShape
 from grpo_core.planning import hardware
@@ -441,15 +442,10 @@ def _check_precision(cfg: GRPOConfig, r: Report) -> None:
     """bf16 on a CPU without a bf16 matrix unit: torch's fallback multiplies ~25x slower than float32."""
     if cfg.trainer.device != "cpu" or hardware.cpu_has_bf16_matmul():
         return
-    arr = cfg.actor_rollout_ref
-    for key, dtype in (
-        ("actor_rollout_ref.actor.megatron.dtype", arr.actor.megatron.dtype),
-        ("actor_rollout_ref.rollout.dtype", arr.rollout.dtype),
-        ("evaluation.dtype", cfg.evaluation.dtype),
-    ):
-        if dtype == "bfloat16":
+    for key in DTYPE_SECTIONS:
+        if attrgetter(key)(cfg).dtype == "bfloat16":
             r.warnings.append(
-                f"{key}=bfloat16 on a CPU without bf16 matrix instructions (AVX-512 or AMX): its matrix products "
+                f"{key}.dtype=bfloat16 on a CPU without bf16 matrix instructions (AVX-512 or AMX): its matrix products "
                 "run ~25x slower than in float32; set float32, or auto (float32 here, bfloat16 where it is native)"
             )
 
