@@ -448,3 +448,35 @@ def test_override_config_unknown_field_warns(capsys):
     assert main(["train", "--config", BASE, typo, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert f"warning: {OVERRIDE}.model_config.max_position_embedings: the model's config.json has no such" in out
+
+
+def test_memory_is_checked_against_this_machines_gpu_where_it_is_smaller(monkeypatch):
+    """bench/grpo_step.sh's kept-engine run (configs/smollm2_gsm8k_gpu.yaml: gpu_memory_gib 140) ran out of memory in
+    its update on an 80 GB H100, where the planner had estimated 86.9 GiB: the check now uses the card it is on."""
+    from grpo_core.config import load_config
+    from grpo_core.config.validate import check_config
+    from grpo_core.models.shape import load_model_shape
+
+    kept = [
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B",
+        "data.train_batch_size=64",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        "actor_rollout_ref.rollout.name=static",
+        "actor_rollout_ref.rollout.max_num_seqs=512",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768",
+        "actor_rollout_ref.rollout.free_cache_engine=false",
+    ]
+    cfg = load_config(REPO / "configs/smollm2_gsm8k_gpu.yaml", kept)
+    shape = load_model_shape("Qwen/Qwen2.5-1.5B")
+    for local, errors, warned in ((None, 0, False), (141.0, 0, False), (79.6, 1, True)):
+        monkeypatch.setattr("grpo_core.config.validate.local_gpu_memory_gib", lambda local=local: local)
+        report = check_config(cfg, shape)
+        memory = [e for e in report.errors if "estimated peak" in e]
+        assert len(memory) == errors, report.errors
+        mismatch = "trainer.gpu_memory_gib=140, but this machine's GPUs have 79.6 GiB"
+        assert any(mismatch in w for w in report.warnings) == warned
+    assert "exceeds this machine's GPU memory, 79.6 GiB" in memory[0]
+    assert 79.6 * 0.9 < report.memory.peak < 140

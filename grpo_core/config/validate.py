@@ -11,6 +11,7 @@ import importlib.util
 import os
 import re
 import shutil
+import subprocess
 import warnings
 from dataclasses import dataclass, field
 from functools import cache
@@ -99,6 +100,27 @@ def local_host_memory_gib() -> float | None:
     if not torch.cuda.is_available():
         return None
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+@cache
+def local_gpu_memory_gib() -> float | None:
+    """The smallest GPU's memory on this machine, from nvidia-smi (a CUDA context here would take memory on the
+    ranks' GPU); None without one."""
+    if (exe := shutil.which("nvidia-smi")) is None:
+        return None
+    try:
+        query = [exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+        out = subprocess.run(query, capture_output=True, text=True, timeout=20, check=True).stdout
+        mib = [float(v) for v in out.split()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return min(mib) / 1024 if mib else None
+
+
+def gpu_memory_gib(cfg: GRPOConfig) -> float:
+    """trainer.gpu_memory_gib, or this machine's GPUs where they are smaller (a config written for a larger card)."""
+    local = local_gpu_memory_gib() if cfg.trainer.device == "cuda" else None
+    return min(cfg.trainer.gpu_memory_gib, local) if local else cfg.trainer.gpu_memory_gib
 
 
 def optimizer_offloaded(cfg: GRPOConfig) -> float:
@@ -483,7 +505,7 @@ def estimate_memory(cfg: GRPOConfig, shape: ModelShape) -> MemoryEstimate:
         memory_options(cfg),
         update_micro_batch(cfg),
         cfg.data.max_prompt_length + cfg.data.max_response_length,
-        cfg.trainer.gpu_memory_gib,
+        gpu_memory_gib(cfg),
         with_reference=actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,
         ref_offload=arr.ref.megatron.param_offload,
         rollout_tp=rollout.tensor_model_parallel_size,
@@ -496,7 +518,14 @@ def estimate_memory(cfg: GRPOConfig, shape: ModelShape) -> MemoryEstimate:
 
 
 def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r: Report) -> None:
-    rollout, gpu = cfg.actor_rollout_ref.rollout, cfg.trainer.gpu_memory_gib
+    rollout, gpu = cfg.actor_rollout_ref.rollout, gpu_memory_gib(cfg)
+    limit = f"trainer.gpu_memory_gib={gpu:g}"
+    if gpu < cfg.trainer.gpu_memory_gib:
+        limit = f"this machine's GPU memory, {gpu:.1f} GiB"
+        r.warnings.append(
+            f"trainer.gpu_memory_gib={cfg.trainer.gpu_memory_gib:g}, but this machine's GPUs have {gpu:.1f} GiB: "
+            "memory is checked against those"
+        )
     if not 0 < rollout.gpu_memory_utilization <= 1:
         r.errors.append(f"rollout.gpu_memory_utilization={rollout.gpu_memory_utilization} must be in (0, 1]")
         return
@@ -513,8 +542,8 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
         )
     if est.peak > gpu:
         r.errors.append(
-            f"estimated peak {est.peak:.1f} GiB per GPU ({est.peak_phase} phase) exceeds trainer.gpu_memory_gib="
-            f"{gpu:g}; in the guide's order: lower ppo_micro_batch_size_per_gpu (now {micro}), "
+            f"estimated peak {est.peak:.1f} GiB per GPU ({est.peak_phase} phase) exceeds {limit}; "
+            f"in the guide's order: lower ppo_micro_batch_size_per_gpu (now {micro}), "
             "turn on param_offload/grad_offload/optimizer_offload "
             f"(now {opts.param_offload}/{opts.grad_offload}/{opts.optimizer_offload:g}), train in bf16 "
             f"(now {opts.dtype}), raise TP/PP (now {layout.tp}/{layout.pp}), "
@@ -522,7 +551,7 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
             "`grpo plan` suggests a layout"
         )
     elif est.peak > 0.9 * gpu:
-        r.warnings.append(f"estimated peak {est.peak:.1f} GiB is within 10% of the GPU's {gpu:g} GiB")
+        r.warnings.append(f"estimated peak {est.peak:.1f} GiB is within 10% of the GPU's {gpu:.1f} GiB")
     per_node, node = cfg.trainer.n_gpus_per_node, cfg.trainer.host_memory_gib or local_host_memory_gib()
     host, at_save = est.host * per_node, est.host_at_save * per_node
     if node and host <= 0.9 * node < at_save:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import torch
 
 from grpo_core.config import GRPOConfig
-from grpo_core.config.validate import FUSIONS_NEEDING_KERNELS
+from grpo_core.config.validate import FUSIONS_NEEDING_KERNELS, gpu_memory_gib
 from grpo_core.planning.memory import MemoryEstimate
 
 # The loop's phases -> the memory model's (the weight sync runs with the engine awake, as generation does).
@@ -79,11 +79,12 @@ def oom_advice(cfg: GRPOConfig, phase: str, rank: int, estimate: MemoryEstimate 
     arr = cfg.actor_rollout_ref
     actor, m, rollout = arr.actor, arr.actor.megatron, arr.rollout
     lines = [f"out of memory in the {phase} phase (rank {rank})."]
-    gpu = cfg.trainer.gpu_memory_gib
+    gpu = gpu_memory_gib(cfg)
     if estimate is not None and ESTIMATE_PHASE.get(phase) in estimate.phases:
         lines.append(
             f"The planner estimated {estimate.phases[ESTIMATE_PHASE[phase]]:.1f} GiB per GPU for it (peak "
-            f"{estimate.peak:.1f} GiB, {estimate.peak_phase}) against trainer.gpu_memory_gib={gpu:g}."
+            f"{estimate.peak:.1f} GiB, {estimate.peak_phase}) against {gpu:.1f} GiB a GPU (trainer.gpu_memory_gib="
+            f"{cfg.trainer.gpu_memory_gib:g}, or this machine's GPUs where smaller)."
         )
     remedies = []
     if phase == "update":

@@ -12,6 +12,7 @@ from grpo_core.config.load import load_config_with_notes
 from grpo_core.config.validate import (
     Report,
     check_config,
+    gpu_memory_gib,
     memory_options,
     optimizer_offloaded,
     update_micro_batch,
@@ -110,7 +111,7 @@ def _memory_table(run: ResolvedRun) -> Table:
     seq = cfg.data.max_prompt_length + cfg.data.max_response_length
     off = set(m.offloaded)
     sharding = f"sharded over DP={layout.dp}" if mega.use_distributed_optimizer else "not sharded"
-    table = Table(title=f"estimated memory per GPU (GiB), GPU = {cfg.trainer.gpu_memory_gib:g} GiB")
+    table = Table(title=f"estimated memory per GPU (GiB), GPU = {gpu_memory_gib(cfg):.1f} GiB")
     table.add_column("what")
     table.add_column("GiB", justify="right")
     table.add_column("note")
