@@ -11,7 +11,6 @@ import importlib.util
 import os
 import re
 import shutil
-import subprocess
 import warnings
 from dataclasses import dataclass, field
 from functools import cache
@@ -104,23 +103,28 @@ def local_host_memory_gib() -> float | None:
 
 @cache
 def local_gpu_memory_gib() -> float | None:
-    """The smallest GPU's memory on this machine, from nvidia-smi (a CUDA context here would take memory on the
-    ranks' GPU); None without one."""
-    if (exe := shutil.which("nvidia-smi")) is None:
-        return None
+    """The smallest GPU's memory on this machine, from NVML as the GPU sampler reads it (a CUDA context here would
+    take memory on the ranks' GPU); None without a GPU, a driver or pynvml."""
     try:
-        query = [exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
-        out = subprocess.run(query, capture_output=True, text=True, timeout=20, check=True).stdout
-        mib = [float(v) for v in out.split()]
-    except (OSError, subprocess.SubprocessError, ValueError):
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            sizes = [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total for i in range(count)]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # ImportError, or NVMLError without a driver
         return None
-    return min(mib) / 1024 if mib else None
+    return min(sizes) / 2**30 if sizes else None
 
 
 def gpu_memory_gib(cfg: GRPOConfig) -> float:
-    """trainer.gpu_memory_gib, or this machine's GPUs where they are smaller (a config written for a larger card)."""
+    """trainer.gpu_memory_gib, or this machine's GPUs where they are clearly smaller (a config written for a larger
+    card); within 5% the setting stands, as a nominal size does (an "80 GB" H100 has 79.6 GiB)."""
+    configured = cfg.trainer.gpu_memory_gib
     local = local_gpu_memory_gib() if cfg.trainer.device == "cuda" else None
-    return min(cfg.trainer.gpu_memory_gib, local) if local else cfg.trainer.gpu_memory_gib
+    return local if local is not None and local < 0.95 * configured else configured
 
 
 def optimizer_offloaded(cfg: GRPOConfig) -> float:
