@@ -474,7 +474,7 @@ def test_memory_is_checked_against_this_machines_gpu_where_it_is_smaller(monkeyp
     shape = load_model_shape("Qwen/Qwen2.5-1.5B")
     # none, a larger card, one within 5% (a nominal size stands), an 80 GB H100
     for local, errors, warned in ((None, 0, False), (141.0, 0, False), (136.0, 0, False), (79.6, 1, True)):
-        monkeypatch.setattr("grpo_core.config.validate.local_gpu_memory_gib", lambda local=local: local)
+        monkeypatch.setattr("grpo_core.planning.hardware.local_gpu_memory_gib", lambda local=local: local)
         report = check_config(cfg, shape)
         memory = [e for e in report.errors if "estimated peak" in e]
         assert len(memory) == errors, report.errors

@@ -101,29 +101,11 @@ def local_host_memory_gib() -> float | None:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
-@cache
-def local_gpu_memory_gib() -> float | None:
-    """The smallest GPU's memory on this machine, from NVML as the GPU sampler reads it (a CUDA context here would
-    take memory on the ranks' GPU); None without a GPU, a driver or pynvml."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-            sizes = [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total for i in range(count)]
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # ImportError, or NVMLError without a driver
-        return None
-    return min(sizes) / 2**30 if sizes else None
-
-
 def gpu_memory_gib(cfg: GRPOConfig) -> float:
     """trainer.gpu_memory_gib, or this machine's GPUs where they are clearly smaller (a config written for a larger
     card); within 5% the setting stands, as a nominal size does (an "80 GB" H100 has 79.6 GiB)."""
     configured = cfg.trainer.gpu_memory_gib
-    local = local_gpu_memory_gib() if cfg.trainer.device == "cuda" else None
+    local = hardware.local_gpu_memory_gib() if cfg.trainer.device == "cuda" else None
     return local if local is not None and local < 0.95 * configured else configured
 
 

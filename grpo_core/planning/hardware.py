@@ -1,4 +1,5 @@
-"""What the machine multiplies fast, read before a model is built: the value ``dtype: auto`` takes."""
+"""What this machine can do, read before a model is built: what it multiplies fast (the value ``dtype: auto``
+takes) and how much memory its GPUs have (what the memory check holds a config to)."""
 
 from functools import cache
 
@@ -19,3 +20,21 @@ def cpu_has_bf16_matmul() -> bool:
 def native_dtype(device: str) -> str:
     """``dtype: auto``: bfloat16 on GPUs and on CPUs that multiply in it natively, float32 elsewhere."""
     return "bfloat16" if device != "cpu" or cpu_has_bf16_matmul() else "float32"
+
+
+@cache
+def local_gpu_memory_gib() -> float | None:
+    """The smallest GPU's memory on this machine, from NVML as the GPU sampler reads it (a CUDA context here would
+    take memory on the ranks' GPU); None without a GPU, a driver or pynvml."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            sizes = [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total for i in range(count)]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # ImportError, or NVMLError without a driver
+        return None
+    return min(sizes) / 2**30 if sizes else None
