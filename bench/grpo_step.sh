@@ -32,7 +32,8 @@ runs=${RUNS:-rows budget}
 # micro-batches by a token budget (16 full-length rows' worth) instead of 16 rows; both packed
 [[ $runs == *budget* ]] && run qwen1.5b_tp1_budget Qwen2.5-1.5B actor_rollout_ref.actor.use_dynamic_bsz=true \
   actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192
-# larger budgets: 16,384 tokens per update micro-batch, 32,768 per log-prob forward (the fastest measured);
+# larger budgets: 16,384 tokens per update micro-batch, 32,768 per log-prob forward (the fastest measured, sized for
+# 141 GB: on a smaller card the run stops before launch and names the budgets that fit, to pass in EXTRA);
 # RUNS=kept: the same with the engine's cache and graphs kept between rollouts (free_cache_engine=false)
 large=(actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384
   actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768

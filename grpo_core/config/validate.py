@@ -5,6 +5,7 @@ memory estimate it computed on the way, so ``--dry-run`` can show them and the t
 start on the same rules.
 """
 
+import copy
 import dataclasses
 import difflib
 import importlib.util
@@ -31,7 +32,7 @@ from grpo_core.models.shape import HF_OVERRIDE_SECTION, ModelShape
 from grpo_core.planning import hardware
 from grpo_core.planning.layout import ParallelLayout
 from grpo_core.planning.memory import DTYPE_BYTES, MemoryEstimate, MemoryOptions, estimate_grpo_memory
-from grpo_core.planning.planner import rollout_tp_fits
+from grpo_core.planning.planner import PEAK_SHARE, rollout_tp_fits
 from grpo_core.rewards.custom import RewardFileError, load_custom_reward
 from grpo_core.rollout import static as static_engine
 
@@ -503,6 +504,50 @@ def estimate_memory(cfg: GRPOConfig, shape: ModelShape) -> MemoryEstimate:
     )
 
 
+def _batch_settings(cfg: GRPOConfig, phase: str) -> list[tuple[str, object, str, int, int]]:
+    """The settings that size ``phase``'s micro-batches, as (key, section, attribute, value, smallest value): the
+    update's token budget or micro-batch size, each log-prob pass's (a null micro-batch size is the actor's)."""
+    arr, seq_len = cfg.actor_rollout_ref, cfg.data.max_prompt_length + cfg.data.max_response_length
+    sections = {"update": [("actor", arr.actor)], "log_prob": [("rollout", arr.rollout)]}.get(phase, [])
+    if phase == "log_prob" and (arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward):
+        sections.append(("ref", arr.ref))
+    settings = []
+    for name, section in sections:
+        by_tokens = section.use_dynamic_bsz if name == "actor" else section.log_prob_use_dynamic_bsz
+        if name == "actor":
+            attr = "ppo_max_token_len_per_gpu" if by_tokens else "ppo_micro_batch_size_per_gpu"
+        else:
+            attr = "log_prob_max_token_len_per_gpu" if by_tokens else "log_prob_micro_batch_size_per_gpu"
+        value = getattr(section, attr) or arr.actor.ppo_micro_batch_size_per_gpu
+        settings.append((f"actor_rollout_ref.{name}.{attr}", section, attr, value, seq_len if by_tokens else 1))
+    return settings
+
+
+def fitting_batches(cfg: GRPOConfig, shape: ModelShape) -> dict[str, int]:
+    """The micro-batch settings halved, in the phase over the GPU each time, until the estimated peak stays under
+    90% of the GPU (the planner's margin): {key: value} of those changed; empty where one sequence per micro-batch
+    is not enough (then it takes offload or the layout)."""
+    gpu, trial, changed = gpu_memory_gib(cfg), copy.deepcopy(cfg), {}
+    while (est := estimate_memory(trial, shape)).peak > PEAK_SHARE * gpu:
+        settings = _batch_settings(trial, est.peak_phase)
+        half = max((value for *_, value, _ in settings), default=0) // 2
+        lowered = [(key, section, attr) for key, section, attr, value, floor in settings if value > half >= floor]
+        if not lowered:
+            return {}
+        for key, section, attr in lowered:
+            setattr(section, attr, half)
+            changed[key] = half
+    return changed
+
+
+def _batch_remedy(cfg: GRPOConfig, shape: ModelShape, phase: str) -> str:
+    """The values that fit, where smaller micro-batches are enough; else the settings to lower."""
+    if fits := fitting_batches(cfg, shape):
+        return "set " + " ".join(f"{key}={value}" for key, value in fits.items()) + " (estimated to fit)"
+    now = ", ".join(f"{key} (now {value})" for key, _, _, value, _ in _batch_settings(cfg, phase))
+    return f"lower {now or 'the micro-batch sizes'}"
+
+
 def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r: Report) -> None:
     rollout, gpu = cfg.actor_rollout_ref.rollout, gpu_memory_gib(cfg)
     limit = f"trainer.gpu_memory_gib={gpu:g}"
@@ -516,7 +561,7 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
         r.errors.append(f"rollout.gpu_memory_utilization={rollout.gpu_memory_utilization} must be in (0, 1]")
         return
     seq_len = cfg.data.max_prompt_length + cfg.data.max_response_length
-    micro, opts = update_micro_batch(cfg), memory_options(cfg)
+    opts = memory_options(cfg)
     r.memory = est = estimate_memory(cfg, shape)
     if cfg.trainer.device != "cuda":
         return
@@ -529,14 +574,14 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
     if est.peak > gpu:
         r.errors.append(
             f"estimated peak {est.peak:.1f} GiB per GPU ({est.peak_phase} phase) exceeds {limit}; "
-            f"in the guide's order: lower ppo_micro_batch_size_per_gpu (now {micro}), "
+            f"in the guide's order: {_batch_remedy(cfg, shape, est.peak_phase)}, "
             "turn on param_offload/grad_offload/optimizer_offload "
             f"(now {opts.param_offload}/{opts.grad_offload}/{opts.optimizer_offload:g}), train in bf16 "
             f"(now {opts.dtype}), raise TP/PP (now {layout.tp}/{layout.pp}), "
             f"or lower rollout.gpu_memory_utilization (now {rollout.gpu_memory_utilization}); "
             "`grpo plan` suggests a layout"
         )
-    elif est.peak > 0.9 * gpu:
+    elif est.peak > PEAK_SHARE * gpu:
         r.warnings.append(f"estimated peak {est.peak:.1f} GiB is within 10% of the GPU's {gpu:.1f} GiB")
     per_node, node = cfg.trainer.n_gpus_per_node, cfg.trainer.host_memory_gib or local_host_memory_gib()
     host, at_save = est.host * per_node, est.host_at_save * per_node
