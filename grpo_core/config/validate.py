@@ -46,6 +46,13 @@ LAYOUT_KEYS = [
     ("expert_tensor_parallel_size", "expert tensor parallel size"),
 ]
 
+_LOG_PROB_BATCH = ("log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu", "log_prob_micro_batch_size_per_gpu")
+BATCH_KEYS = {  # section of actor_rollout_ref -> (switch to token budgets, token budget, micro-batch size)
+    "actor": ("use_dynamic_bsz", "ppo_max_token_len_per_gpu", "ppo_micro_batch_size_per_gpu"),
+    "rollout": _LOG_PROB_BATCH,
+    "ref": _LOG_PROB_BATCH,
+}
+
 FUSIONS_NEEDING_KERNELS = {"bias_dropout_fusion": ("transformer_engine", "apex")}
 """Kernel-fusion flags that megatron refuses at start-up without one of these packages (RoPE, SwiGLU and
 gradient-accumulation fusion are on by default on GPUs, served by torch: models/fused.py)."""
@@ -350,22 +357,10 @@ def _check_batches(cfg: GRPOConfig, layout: ParallelLayout, r: Report) -> None:
             f"each DP rank gets {per_rank} responses per mini-batch, not a multiple of "
             f"ppo_micro_batch_size_per_gpu={micro}"
         )
-    for switch, budget_key, on, budget in token_budgets(cfg):
-        if on:
-            _check_token_budget(cfg, layout, switch, budget_key, budget, r)
-
-
-def token_budgets(cfg: GRPOConfig) -> list[tuple[str, str, bool, int]]:
-    """(switch key, budget key, switch, budget) of each phase that can size micro-batches by tokens."""
-    arr, p = cfg.actor_rollout_ref, "actor_rollout_ref"
-    return [
-        (f"{p}.actor.use_dynamic_bsz", f"{p}.actor.ppo_max_token_len_per_gpu", arr.actor.use_dynamic_bsz,
-         arr.actor.ppo_max_token_len_per_gpu),
-        (f"{p}.rollout.log_prob_use_dynamic_bsz", f"{p}.rollout.log_prob_max_token_len_per_gpu",
-         arr.rollout.log_prob_use_dynamic_bsz, arr.rollout.log_prob_max_token_len_per_gpu),
-        (f"{p}.ref.log_prob_use_dynamic_bsz", f"{p}.ref.log_prob_max_token_len_per_gpu",
-         arr.ref.log_prob_use_dynamic_bsz, arr.ref.log_prob_max_token_len_per_gpu),
-    ]  # fmt: skip
+    for name, (switch, budget, _) in BATCH_KEYS.items():
+        section, key = getattr(cfg.actor_rollout_ref, name), f"actor_rollout_ref.{name}"
+        if getattr(section, switch):
+            _check_token_budget(cfg, layout, f"{key}.{switch}", f"{key}.{budget}", getattr(section, budget), r)
 
 
 def _check_token_budget(cfg: GRPOConfig, layout: ParallelLayout, switch: str, key: str, budget: int, r: Report):
@@ -504,22 +499,27 @@ def estimate_memory(cfg: GRPOConfig, shape: ModelShape) -> MemoryEstimate:
     )
 
 
+def batch_setting(cfg: GRPOConfig, name: str) -> tuple[str, str, int, bool]:
+    """The setting that sizes the micro-batches of section ``name`` (actor: the update; rollout, ref: their log-prob
+    passes) as (key, attribute, value, by tokens): its token budget or its micro-batch size (null: the actor's)."""
+    section, (switch, budget, micro) = getattr(cfg.actor_rollout_ref, name), BATCH_KEYS[name]
+    by_tokens = bool(getattr(section, switch))
+    attr = budget if by_tokens else micro
+    value = getattr(section, attr) or cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
+    return f"actor_rollout_ref.{name}.{attr}", attr, value, by_tokens
+
+
 def _batch_settings(cfg: GRPOConfig, phase: str) -> list[tuple[str, object, str, int, int]]:
-    """The settings that size ``phase``'s micro-batches, as (key, section, attribute, value, smallest value): the
-    update's token budget or micro-batch size, each log-prob pass's (a null micro-batch size is the actor's)."""
+    """The settings that size the memory model's ``phase`` (update, log_prob) as (key, section, attribute, value,
+    smallest value: one sequence)."""
     arr, seq_len = cfg.actor_rollout_ref, cfg.data.max_prompt_length + cfg.data.max_response_length
-    sections = {"update": [("actor", arr.actor)], "log_prob": [("rollout", arr.rollout)]}.get(phase, [])
+    names = {"update": ["actor"], "log_prob": ["rollout"]}.get(phase, [])
     if phase == "log_prob" and (arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward):
-        sections.append(("ref", arr.ref))
+        names.append("ref")
     settings = []
-    for name, section in sections:
-        by_tokens = section.use_dynamic_bsz if name == "actor" else section.log_prob_use_dynamic_bsz
-        if name == "actor":
-            attr = "ppo_max_token_len_per_gpu" if by_tokens else "ppo_micro_batch_size_per_gpu"
-        else:
-            attr = "log_prob_max_token_len_per_gpu" if by_tokens else "log_prob_micro_batch_size_per_gpu"
-        value = getattr(section, attr) or arr.actor.ppo_micro_batch_size_per_gpu
-        settings.append((f"actor_rollout_ref.{name}.{attr}", section, attr, value, seq_len if by_tokens else 1))
+    for name in names:
+        key, attr, value, by_tokens = batch_setting(cfg, name)
+        settings.append((key, getattr(arr, name), attr, value, seq_len if by_tokens else 1))
     return settings
 
 

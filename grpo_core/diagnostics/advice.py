@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import torch
 
 from grpo_core.config import GRPOConfig
-from grpo_core.config.validate import FUSIONS_NEEDING_KERNELS, gpu_memory_gib
+from grpo_core.config.validate import FUSIONS_NEEDING_KERNELS, batch_setting, gpu_memory_gib
 from grpo_core.planning.memory import MemoryEstimate
 
 # The loop's phases -> the memory model's (the weight sync runs with the engine awake, as generation does).
@@ -59,19 +59,10 @@ def is_comm_failure(error: BaseException) -> bool:
     return isinstance(error, backend_error) or (isinstance(error, RuntimeError) and timed_out)
 
 
-def _log_prob_batch_remedy(section, phase: str, verb: str = "lower") -> str:
-    """Lower (or raise) the log-prob pass's token budget when it has one, else its micro-batch size."""
-    key = f"actor_rollout_ref.{'rollout' if phase == 'old_log_prob' else 'ref'}"
-    if section.log_prob_use_dynamic_bsz:
-        return f"{verb} {key}.log_prob_max_token_len_per_gpu (now {section.log_prob_max_token_len_per_gpu})"
-    return f"{verb} {key}.log_prob_micro_batch_size_per_gpu (now {section.log_prob_micro_batch_size_per_gpu})"
-
-
-def _update_batch_remedy(actor, verb: str = "lower") -> str:
-    """Lower (or raise) the update's token budget when it has one, else its micro-batch size."""
-    if actor.use_dynamic_bsz:
-        return f"{verb} actor_rollout_ref.actor.ppo_max_token_len_per_gpu (now {actor.ppo_max_token_len_per_gpu})"
-    return f"{verb} actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (now {actor.ppo_micro_batch_size_per_gpu})"
+def _batch_remedy(cfg: GRPOConfig, name: str, verb: str = "lower") -> str:
+    """Lower (or raise) what sizes section ``name``'s micro-batches: its token budget, else its micro-batch size."""
+    key, _, value, _ = batch_setting(cfg, name)
+    return f"{verb} {key} (now {value})"
 
 
 def oom_advice(cfg: GRPOConfig, phase: str, rank: int, estimate: MemoryEstimate | None) -> str:
@@ -88,12 +79,12 @@ def oom_advice(cfg: GRPOConfig, phase: str, rank: int, estimate: MemoryEstimate 
         )
     remedies = []
     if phase == "update":
-        remedies.append(_update_batch_remedy(actor))
+        remedies.append(_batch_remedy(cfg, "actor"))
     elif phase == "old_log_prob" and not rollout.log_prob_use_dynamic_bsz:
         micro = actor.ppo_micro_batch_size_per_gpu
         remedies.append(f"lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (now {micro})")
     if phase in ("old_log_prob", "ref"):
-        remedies.append(_log_prob_batch_remedy(rollout if phase == "old_log_prob" else arr.ref, phase))
+        remedies.append(_batch_remedy(cfg, "rollout" if phase == "old_log_prob" else "ref"))
     remedies.append(
         "offload between phases: actor_rollout_ref.actor.megatron.param_offload / grad_offload / optimizer_offload"
         f" (now {_b(m.param_offload)}/{_b(m.grad_offload)}/{_b(m.optimizer_offload)}),"
@@ -169,9 +160,9 @@ def _training_remedies(cfg: GRPOConfig, phases: list[str]) -> str:
     """The guide's remedies for slow training phases: bigger micro-batches (the settings that size ``phases``'),
     fewer optimizer steps, one work queue, the fusions."""
     arr = cfg.actor_rollout_ref
-    sizes = [_update_batch_remedy(arr.actor, "raise")] if "update" in phases or not phases else []
+    sizes = [_batch_remedy(cfg, "actor", "raise")] if "update" in phases or not phases else []
     sizes += [
-        _log_prob_batch_remedy(getattr(arr, section), phase, "raise")
+        _batch_remedy(cfg, section, "raise")
         for phase, section in (("old_log_prob", "rollout"), ("ref", "ref"))
         if phase in phases
     ]
