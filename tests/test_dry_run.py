@@ -537,3 +537,8 @@ def test_fitting_batches_halves_the_phase_over_the_gpu_and_stops_at_one_sequence
     assert fitting_batches(cfg, load_model_shape("Qwen/Qwen2.5-7B")) == {}
     error = next(e for e in check_config(cfg, load_model_shape("Qwen/Qwen2.5-7B")).errors if "estimated peak" in e)
     assert "lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu (now 65536)" in error
+    # generation over the GPU: its share is the engine's, no micro-batch setting is named
+    greedy = [*budgets[:2], "actor_rollout_ref.rollout.gpu_memory_utilization=0.95"]
+    report = check_config(load_config(REPO / "configs/smollm2_gsm8k_gpu.yaml", greedy), shape)
+    error = next(e for e in report.errors if "estimated peak" in e)
+    assert report.memory.peak_phase == "generation" and "in the guide's order: turn on param_offload" in error

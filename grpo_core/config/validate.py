@@ -541,11 +541,12 @@ def fitting_batches(cfg: GRPOConfig, shape: ModelShape) -> dict[str, int]:
 
 
 def _batch_remedy(cfg: GRPOConfig, shape: ModelShape, phase: str) -> str:
-    """The values that fit, where smaller micro-batches are enough; else the settings to lower."""
+    """The values that fit, where smaller micro-batches are enough; else the settings to lower (the generation
+    phase has none: its share is rollout.gpu_memory_utilization)."""
     if fits := fitting_batches(cfg, shape):
-        return "set " + " ".join(f"{key}={value}" for key, value in fits.items()) + " (estimated to fit)"
+        return "set " + " ".join(f"{key}={value}" for key, value in fits.items()) + " (estimated to fit), "
     now = ", ".join(f"{key} (now {value})" for key, _, _, value, _ in _batch_settings(cfg, phase))
-    return f"lower {now or 'the micro-batch sizes'}"
+    return f"lower {now}, " if now else ""
 
 
 def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r: Report) -> None:
@@ -574,7 +575,7 @@ def _check_memory(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
     if est.peak > gpu:
         r.errors.append(
             f"estimated peak {est.peak:.1f} GiB per GPU ({est.peak_phase} phase) exceeds {limit}; "
-            f"in the guide's order: {_batch_remedy(cfg, shape, est.peak_phase)}, "
+            f"in the guide's order: {_batch_remedy(cfg, shape, est.peak_phase)}"
             "turn on param_offload/grad_offload/optimizer_offload "
             f"(now {opts.param_offload}/{opts.grad_offload}/{opts.optimizer_offload:g}), train in bf16 "
             f"(now {opts.dtype}), raise TP/PP (now {layout.tp}/{layout.pp}), "
