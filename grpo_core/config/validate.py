@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from operator import attrgetter
 from pathlib import Path
+from typing import NamedTuple
 
 from grpo_core.algos import (
     ADV_ESTIMATORS,
@@ -499,28 +500,34 @@ def estimate_memory(cfg: GRPOConfig, shape: ModelShape) -> MemoryEstimate:
     )
 
 
-def batch_setting(cfg: GRPOConfig, name: str) -> tuple[str, str, int, bool]:
-    """The setting that sizes the micro-batches of section ``name`` (actor: the update; rollout, ref: their log-prob
-    passes) as (key, attribute, value, by tokens): its token budget or its micro-batch size (null: the actor's)."""
+class BatchSetting(NamedTuple):
+    """The setting that sizes one pass's micro-batches: a token budget, or a micro-batch size."""
+
+    key: str
+    section: object
+    attr: str
+    value: int
+    smallest: int  # one sequence: its tokens for a budget, 1 for a size
+
+
+def batch_setting(cfg: GRPOConfig, name: str) -> BatchSetting:
+    """What sizes the micro-batches of section ``name`` (actor: the update; rollout, ref: their log-prob passes): its
+    token budget, or its micro-batch size (null: the actor's)."""
     section, (switch, budget, micro) = getattr(cfg.actor_rollout_ref, name), BATCH_KEYS[name]
     by_tokens = bool(getattr(section, switch))
     attr = budget if by_tokens else micro
     value = getattr(section, attr) or cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
-    return f"actor_rollout_ref.{name}.{attr}", attr, value, by_tokens
+    smallest = cfg.data.max_prompt_length + cfg.data.max_response_length if by_tokens else 1
+    return BatchSetting(f"actor_rollout_ref.{name}.{attr}", section, attr, value, smallest)
 
 
-def _batch_settings(cfg: GRPOConfig, phase: str) -> list[tuple[str, object, str, int, int]]:
-    """The settings that size the memory model's ``phase`` (update, log_prob) as (key, section, attribute, value,
-    smallest value: one sequence)."""
-    arr, seq_len = cfg.actor_rollout_ref, cfg.data.max_prompt_length + cfg.data.max_response_length
+def _batch_settings(cfg: GRPOConfig, phase: str) -> list[BatchSetting]:
+    """The settings that size the memory model's ``phase`` (update, log_prob; generation has none)."""
+    arr = cfg.actor_rollout_ref
     names = {"update": ["actor"], "log_prob": ["rollout"]}.get(phase, [])
     if phase == "log_prob" and (arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward):
         names.append("ref")
-    settings = []
-    for name in names:
-        key, attr, value, by_tokens = batch_setting(cfg, name)
-        settings.append((key, getattr(arr, name), attr, value, seq_len if by_tokens else 1))
-    return settings
+    return [batch_setting(cfg, name) for name in names]
 
 
 def fitting_batches(cfg: GRPOConfig, shape: ModelShape) -> dict[str, int]:
@@ -530,13 +537,13 @@ def fitting_batches(cfg: GRPOConfig, shape: ModelShape) -> dict[str, int]:
     gpu, trial, changed = gpu_memory_gib(cfg), copy.deepcopy(cfg), {}
     while (est := estimate_memory(trial, shape)).peak > PEAK_SHARE * gpu:
         settings = _batch_settings(trial, est.peak_phase)
-        half = max((value for *_, value, _ in settings), default=0) // 2
-        lowered = [(key, section, attr) for key, section, attr, value, floor in settings if value > half >= floor]
+        half = max((s.value for s in settings), default=0) // 2
+        lowered = [s for s in settings if s.value > half >= s.smallest]
         if not lowered:
             return {}
-        for key, section, attr in lowered:
-            setattr(section, attr, half)
-            changed[key] = half
+        for s in lowered:
+            setattr(s.section, s.attr, half)
+            changed[s.key] = half
     return changed
 
 
@@ -545,7 +552,7 @@ def _batch_remedy(cfg: GRPOConfig, shape: ModelShape, phase: str) -> str:
     phase has none: its share is rollout.gpu_memory_utilization)."""
     if fits := fitting_batches(cfg, shape):
         return "set " + " ".join(f"{key}={value}" for key, value in fits.items()) + " (estimated to fit), "
-    now = ", ".join(f"{key} (now {value})" for key, _, _, value, _ in _batch_settings(cfg, phase))
+    now = ", ".join(f"{s.key} (now {s.value})" for s in _batch_settings(cfg, phase))
     return f"lower {now}, " if now else ""
 
 

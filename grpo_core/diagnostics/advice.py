@@ -61,8 +61,8 @@ def is_comm_failure(error: BaseException) -> bool:
 
 def _batch_remedy(cfg: GRPOConfig, name: str, verb: str = "lower") -> str:
     """Lower (or raise) what sizes section ``name``'s micro-batches: its token budget, else its micro-batch size."""
-    key, _, value, _ = batch_setting(cfg, name)
-    return f"{verb} {key} (now {value})"
+    setting = batch_setting(cfg, name)
+    return f"{verb} {setting.key} (now {setting.value})"
 
 
 def oom_advice(cfg: GRPOConfig, phase: str, rank: int, estimate: MemoryEstimate | None) -> str:
