@@ -18,7 +18,7 @@ else python3 -m grpo_core.cli prepare --source "$src" --output "$data" > /dev/nu
 
 stamp "project: bench/grpo_step.sh"
 bash bench/grpo_step.sh "$tok" "$data" "$out"
-grep -c "recompile_limit" "$out"/*.log | sed 's/^/recompile-limit warnings: /'
+echo "recompile-limit warnings: $(cat "$out"/*.log | grep -c recompile_limit)"
 
 stamp "TRL GRPOTrainer"
 timeout "$(left)" python3 bench/trl_peer.py "$model" "$data" "$out/trl.json" --steps 3 > "$out/trl.log" 2>&1 \

@@ -81,9 +81,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.overrides = run.pinned(args.overrides)
         return _launch(run.config, args)
 
+    from grpo_core.actor.parallel import shutdown_distributed
     from grpo_core.trainer.loop import train
 
     train(run.config, run.shape)
+    shutdown_distributed()
     return 0
 
 

@@ -347,7 +347,7 @@ def test_log_probs_and_entropy_match_autograd_reference(vocab_size, monkeypatch)
     from megatron.core import parallel_state as ps
 
     from grpo_core.actor.logprobs import log_probs_and_entropy
-    from grpo_core.actor.parallel import init_distributed, init_model_parallel
+    from grpo_core.actor.parallel import init_distributed, init_model_parallel, shutdown_distributed
     from grpo_core.planning.layout import ParallelLayout
 
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):  # restored afterwards: later subprocesses
@@ -358,8 +358,8 @@ def test_log_probs_and_entropy_match_autograd_reference(vocab_size, monkeypatch)
     try:
         _check_log_probs_against_reference(log_probs_and_entropy, vocab_size)
     finally:
-        ps.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
+        shutdown_distributed()  # what a rank does before it exits; the next parameter starts both again
+    assert not torch.distributed.is_initialized() and not ps.model_parallel_is_initialized()
 
 
 def test_softmax_sums_of_vocabulary_slices_add_up_to_the_whole():

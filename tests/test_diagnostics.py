@@ -261,7 +261,7 @@ def test_oom_advice_lists_the_remedies_in_order_with_the_values_in_use():
     assert text.startswith("out of memory in the update phase (rank 1).")
     assert f"estimated {estimate.phases['update']:.1f} GiB per GPU" in text
     remedies = [
-        "ppo_micro_batch_size_per_gpu (now 16)",
+        "set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 (now 16)",
         "param_offload / grad_offload / optimizer_offload (now true/false/false)",
         "dtype=bfloat16 or float16 (now float32)",
         "pipeline_model_parallel_size (now 2/1)",
@@ -274,21 +274,25 @@ def test_oom_advice_lists_the_remedies_in_order_with_the_values_in_use():
     assert "ppo_micro_batch_size_per_gpu" not in gen
 
 
-def test_oom_advice_names_the_token_budget_a_phase_uses():
+def test_oom_advice_halves_the_token_budget_a_phase_uses():
     budgets = [
         "actor_rollout_ref.actor.use_dynamic_bsz=true",
         "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=4096",
     ]
     cfg = load_config(None, [*CURRENT, *budgets])
-    assert "lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu (now 16384)" in advice.oom_advice(
+    assert "set actor_rollout_ref.actor.ppo_max_token_len_per_gpu=7680 (now 16384)" in advice.oom_advice(
         cfg, "update", 0, None
     )
     old = advice.oom_advice(cfg, "old_log_prob", 0, None)
-    assert "lower actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu (now 4096)" in old
+    # budgets in whole sequences (max_prompt_length + max_response_length: 1,536 tokens here)
+    assert "set actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=1536 (now 4096)" in old
     assert "micro_batch_size" not in old
     # the reference pass inherits the actor's use_dynamic_bsz and budget, as verl's config interpolates them
-    assert "ref.log_prob_max_token_len_per_gpu (now 16384)" in advice.oom_advice(cfg, "ref", 0, None)
+    assert "ref.log_prob_max_token_len_per_gpu=7680 (now 16384)" in advice.oom_advice(cfg, "ref", 0, None)
+    # at one sequence there is nothing to halve: the advice starts at offload
+    one = load_config(None, [*CURRENT, *budgets[:2], "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=1536"])
+    assert "1. offload between phases" in advice.oom_advice(one, "old_log_prob", 0, None)
 
 
 def test_timed_phase_prints_oom_advice_on_stderr_and_reraises(capsys):
@@ -303,7 +307,7 @@ def test_timed_phase_prints_oom_advice_on_stderr_and_reraises(capsys):
     diag.close()
     err = capsys.readouterr().err
     assert "out of memory in the update phase (rank 0)" in err
-    assert "ppo_micro_batch_size_per_gpu (now 16)" in err
+    assert "ppo_micro_batch_size_per_gpu=8 (now 16)" in err
     # A plain error passes through without advice.
     with pytest.raises(ValueError), timed(timings, "gen", diag):
         raise ValueError("not ours")

@@ -51,6 +51,15 @@ def init_model_parallel(layout: ParallelLayout, seed: int, timeout_s: float = 18
     model_parallel_cuda_manual_seed(seed)
 
 
+def shutdown_distributed() -> None:
+    """Megatron's groups and the process group, torn down before a rank exits (NCCL warns that resources may leak
+    when a process ends with its group still up)."""
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 

@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import difflib
 import importlib.util
+import math
 import os
 import re
 import shutil
@@ -531,19 +532,20 @@ def _batch_settings(cfg: GRPOConfig, phase: str) -> list[BatchSetting]:
 
 
 def fitting_batches(cfg: GRPOConfig, shape: ModelShape) -> dict[str, int]:
-    """The micro-batch settings halved, in the phase over the GPU each time, until the estimated peak stays under
-    90% of the GPU (the planner's margin): {key: value} of those changed; empty where one sequence per micro-batch
-    is not enough (then it takes offload or the layout)."""
+    """The largest micro-batch settings for which the estimated peak stays under 90% of the GPU (the planner's
+    margin), lowered a sequence at a time in the phase that is over: {key: value} of those changed, token budgets in
+    whole sequences. Empty where one sequence per micro-batch is not enough (then it takes offload or the layout)."""
     gpu, trial, changed = gpu_memory_gib(cfg), copy.deepcopy(cfg), {}
     while (est := estimate_memory(trial, shape)).peak > PEAK_SHARE * gpu:
         settings = _batch_settings(trial, est.peak_phase)
-        half = max((s.value for s in settings), default=0) // 2
-        lowered = [s for s in settings if s.value > half >= s.smallest]
-        if not lowered:
+        sequences = max((s.value / s.smallest for s in settings), default=1)  # what the largest micro-batch holds
+        if sequences <= 1:
             return {}
-        for s in lowered:
-            setattr(s.section, s.attr, half)
-            changed[s.key] = half
+        fewer = math.ceil(sequences) - 1
+        for s in settings:
+            if s.value > fewer * s.smallest:
+                setattr(s.section, s.attr, fewer * s.smallest)
+                changed[s.key] = fewer * s.smallest
     return changed
 
 

@@ -59,16 +59,24 @@ def is_comm_failure(error: BaseException) -> bool:
     return isinstance(error, backend_error) or (isinstance(error, RuntimeError) and timed_out)
 
 
-def _batch_remedy(cfg: GRPOConfig, name: str, verb: str = "lower") -> str:
-    """Lower (or raise) what sizes section ``name``'s micro-batches: its token budget, else its micro-batch size."""
+def _raised(cfg: GRPOConfig, name: str) -> str:
+    """Raise what sizes section ``name``'s micro-batches: its token budget, else its micro-batch size."""
     setting = batch_setting(cfg, name)
-    return f"{verb} {setting.key} (now {setting.value})"
+    return f"raise {setting.key} (now {setting.value})"
+
+
+def _halved(cfg: GRPOConfig, name: str) -> list[str]:
+    """Section ``name``'s micro-batches halved (budgets in whole sequences): an out-of-memory error is past the
+    planner's estimate, so a value from it would not do. Nothing where they hold one sequence already."""
+    setting = batch_setting(cfg, name)
+    half = setting.value // 2 // setting.smallest * setting.smallest
+    return [f"set {setting.key}={half} (now {setting.value})"] if half >= setting.smallest else []
 
 
 def oom_advice(cfg: GRPOConfig, phase: str, rank: int, estimate: MemoryEstimate | None) -> str:
     """The remedies for an out-of-memory error in ``phase``, in the guide's order, with the values in use."""
     arr = cfg.actor_rollout_ref
-    actor, m, rollout = arr.actor, arr.actor.megatron, arr.rollout
+    m, rollout = arr.actor.megatron, arr.rollout
     lines = [f"out of memory in the {phase} phase (rank {rank})."]
     gpu = gpu_memory_gib(cfg)
     if estimate is not None and ESTIMATE_PHASE.get(phase) in estimate.phases:
@@ -77,14 +85,8 @@ def oom_advice(cfg: GRPOConfig, phase: str, rank: int, estimate: MemoryEstimate 
             f"{estimate.peak:.1f} GiB, {estimate.peak_phase}) against {gpu:.1f} GiB a GPU (trainer.gpu_memory_gib="
             f"{cfg.trainer.gpu_memory_gib:g}, or this machine's GPUs where smaller)."
         )
-    remedies = []
-    if phase == "update":
-        remedies.append(_batch_remedy(cfg, "actor"))
-    elif phase == "old_log_prob" and not rollout.log_prob_use_dynamic_bsz:
-        micro = actor.ppo_micro_batch_size_per_gpu
-        remedies.append(f"lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (now {micro})")
-    if phase in ("old_log_prob", "ref"):
-        remedies.append(_batch_remedy(cfg, "rollout" if phase == "old_log_prob" else "ref"))
+    section = {"update": "actor", "old_log_prob": "rollout", "ref": "ref"}.get(phase)
+    remedies = _halved(cfg, section) if section else []
     remedies.append(
         "offload between phases: actor_rollout_ref.actor.megatron.param_offload / grad_offload / optimizer_offload"
         f" (now {_b(m.param_offload)}/{_b(m.grad_offload)}/{_b(m.optimizer_offload)}),"
@@ -160,11 +162,9 @@ def _training_remedies(cfg: GRPOConfig, phases: list[str]) -> str:
     """The guide's remedies for slow training phases: bigger micro-batches (the settings that size ``phases``'),
     fewer optimizer steps, one work queue, the fusions."""
     arr = cfg.actor_rollout_ref
-    sizes = [_batch_remedy(cfg, "actor", "raise")] if "update" in phases or not phases else []
+    sizes = [_raised(cfg, "actor")] if "update" in phases or not phases else []
     sizes += [
-        _batch_remedy(cfg, section, "raise")
-        for phase, section in (("old_log_prob", "rollout"), ("ref", "ref"))
-        if phase in phases
+        _raised(cfg, section) for phase, section in (("old_log_prob", "rollout"), ("ref", "ref")) if phase in phases
     ]
     prefix = "+actor_rollout_ref.actor.megatron.override_transformer_config."
     connections = cfg.trainer.env.get("CUDA_DEVICE_MAX_CONNECTIONS", "unset")
