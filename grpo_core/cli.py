@@ -34,6 +34,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Check the config, then train: in this process under torchrun, else start this node's ranks (or a Slurm job)."""
     from grpo_core.config.validate import missing_rendezvous
     from grpo_core.diagnostics.advice import missing_dependencies
+    from grpo_core.launch.torchrun import LAUNCH_ID_VAR
     from grpo_core.preflight import check_training_inputs
     from grpo_core.trainer.checkpoint import (
         CheckpointManager,
@@ -71,7 +72,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             check_same_model(resume_from, run.shape)
             if mode == "auto":  # the ranks load the one verified here (a damaged newer one is not looked at again)
                 args.overrides = [*args.overrides, f"trainer.resume_mode={resume_from.resolve()}"]
-    print_notes_and_warnings(run.report, err_console)
+    if launcher or (os.environ.get("RANK") == "0" and LAUNCH_ID_VAR not in os.environ):  # once: ranks our launcher
+        print_notes_and_warnings(run.report, err_console)  # started would repeat what it printed, one copy each
     if missing := missing_dependencies(run.config):
         for line in missing:
             err_console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)

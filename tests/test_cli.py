@@ -87,3 +87,36 @@ def test_unknown_arguments_are_usage_errors(capsys):
     with pytest.raises(SystemExit) as e:
         main(["plan", "--model", "x", "--gpus", "1", "--gpu-memory", "1", "stray"])
     assert e.value.code == 2
+
+
+def test_notes_and_warnings_are_printed_once_not_again_by_each_rank(monkeypatch, capsys, tmp_path):
+    """`grpo train` prints the config's notes before it starts the ranks; a rank it started (GRPO_LAUNCH_ID) does
+    not repeat them, and of the ranks of a bare torchrun, rank 0 alone prints them."""
+    from grpo_core import cli
+    from tests.support.tiny import capitals_data
+
+    data = capitals_data(tmp_path) / "train.parquet"
+    monkeypatch.setattr("grpo_core.trainer.loop.train", lambda cfg, shape: {})
+    monkeypatch.setattr("grpo_core.actor.parallel.shutdown_distributed", lambda: None)
+    args = [
+        "train",
+        "actor_rollout_ref.actor.optim.weight_decay_incr_style=constant",  # a verl key with no effect: a note
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        "actor_rollout_ref.rollout.name=hf",
+        "trainer.device=cpu",
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.model.path=HuggingFaceTB/SmolLM2-135M",
+    ]
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")  # this process is a rank
+    printed = {}
+    for rank, launched in (("0", True), ("0", False), ("1", False)):
+        monkeypatch.setenv("RANK", rank)
+        if launched:
+            monkeypatch.setenv("GRPO_LAUNCH_ID", "test")
+        else:
+            monkeypatch.delenv("GRPO_LAUNCH_ID", raising=False)
+        assert cli.main(args) == 0
+        printed[rank, launched] = "note: actor_rollout_ref.actor.optim.weight_decay" in capsys.readouterr().err
+    assert printed == {("0", True): False, ("0", False): True, ("1", False): False}
