@@ -93,21 +93,14 @@ def test_notes_and_warnings_are_printed_once_not_again_by_each_rank(monkeypatch,
     """`grpo train` prints the config's notes before it starts the ranks; a rank it started (GRPO_LAUNCH_ID) does
     not repeat them, and of the ranks of a bare torchrun, rank 0 alone prints them."""
     from grpo_core import cli
-    from tests.support.tiny import capitals_data
+    from tests.support.tiny import cpu_train_args
 
-    data = capitals_data(tmp_path) / "train.parquet"
     monkeypatch.setattr("grpo_core.trainer.loop.train", lambda cfg, shape: {})
     monkeypatch.setattr("grpo_core.actor.parallel.shutdown_distributed", lambda: None)
     args = [
         "train",
         "actor_rollout_ref.actor.optim.weight_decay_incr_style=constant",  # a verl key with no effect: a note
-        f"data.train_files={data}",
-        f"data.val_files={data}",
-        f"trainer.default_local_dir={tmp_path / 'run'}",
-        "actor_rollout_ref.rollout.name=hf",
-        "trainer.device=cpu",
-        "trainer.n_gpus_per_node=1",
-        "actor_rollout_ref.model.path=HuggingFaceTB/SmolLM2-135M",
+        *cpu_train_args(tmp_path),
     ]
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")  # this process is a rank
     printed = {}

@@ -24,7 +24,7 @@ from grpo_core.diagnostics.profile import (
     top_kernels,
 )
 from grpo_core.models.shape import ModelShape
-from tests.support.tiny import capitals_data
+from tests.support.tiny import cpu_train_args
 
 
 def span(name: str, ts: float, dur: float, cat: str = "cpu_op") -> dict:
@@ -423,26 +423,13 @@ def test_cli_reports_a_missing_package_in_one_line_and_exits_1(monkeypatch, caps
 def test_a_missing_wandb_is_one_error_line_before_launch(monkeypatch, capsys, tmp_path):
     from grpo_core import cli
 
-    data = capitals_data(tmp_path) / "train.parquet"  # valid data: only the package is missing
     monkeypatch.setattr(advice, "installed", lambda module: module != "wandb")
     cfg = load_config(None, ["trainer.logger=[console,wandb]"])
     assert advice.missing_dependencies(cfg) == [
         "Weights & Biases is not installed; trainer.logger=[...,wandb] needs it: "
         "pip install wandb, e.g. pip install -e '.[wandb]'"
     ]
-    args = [
-        "train",
-        "trainer.logger=[console,wandb]",
-        f"data.train_files={data}",
-        f"data.val_files={data}",
-        f"trainer.default_local_dir={tmp_path / 'run'}",
-        "actor_rollout_ref.rollout.name=hf",
-        "trainer.device=cpu",
-        "trainer.n_gpus_per_node=1",
-        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
-        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
-        "actor_rollout_ref.model.path=HuggingFaceTB/SmolLM2-135M",
-    ]
+    args = ["train", "trainer.logger=[console,wandb]", *cpu_train_args(tmp_path)]  # valid: only the package is missing
     assert cli.main(args) == 1
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert errors == [

@@ -65,3 +65,18 @@ def capitals_data(out_dir: Path, rows: int = 64) -> Path:
         ]
         pq.write_table(pa.Table.from_pylist(records), out_dir / f"{split}.parquet")
     return out_dir
+
+
+def cpu_train_args(tmp_path: Path) -> list[str]:
+    """`grpo train` overrides for a CPU run on capitals data, SmolLM2's shape known offline: for what happens
+    before the model is loaded."""
+    data = capitals_data(tmp_path / "data") / "train.parquet"
+    return [
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        "actor_rollout_ref.rollout.name=hf",
+        "trainer.device=cpu",
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.model.path=HuggingFaceTB/SmolLM2-135M",
+    ]
