@@ -55,8 +55,8 @@ def steps_of(out) -> dict[int, dict]:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tiny_llama, tmp_path_factory):  # noqa: F811
-    tmp = tmp_path_factory.mktemp("straight")
-    run(tiny_llama, tmp / "ckpt", tmp / "out.jsonl", steps=4)
+    tmp = tmp_path_factory.mktemp("straight")  # verl's save_contents with the Hugging Face files too
+    run(tiny_llama, tmp / "ckpt", tmp / "out.jsonl", steps=4, extra=("--contents", "model,optimizer,extra,hf_model"))
     return tmp / "ckpt", steps_of(tmp / "out.jsonl")
 
 
@@ -167,9 +167,10 @@ def test_saved_at_tp2_resumes_at_tp1(tiny_llama, uninterrupted, tmp_path):  # no
     assert torch.allclose(torch.tensor(resumed[3]["log_probs"]), torch.tensor(straight[3]["log_probs"]), atol=1e-5)
 
 
-def test_export_writes_the_trained_actor_as_hugging_face(tiny_llama, uninterrupted, tmp_path):  # noqa: F811
+def test_export_writes_the_trained_actor_as_hugging_face(tiny_llama, uninterrupted, tmp_path, monkeypatch):  # noqa: F811
     from transformers import AutoModelForCausalLM
 
+    from grpo_core.evaluation.run import exported_model
     from tests.dist.actor_worker import synthetic_batch
 
     root, straight = uninterrupted
@@ -195,6 +196,11 @@ def test_export_writes_the_trained_actor_as_hugging_face(tiny_llama, uninterrupt
     expected = torch.tensor(straight[4]["log_probs"])
     mask = batch.response_mask.bool()
     assert torch.allclose(log_probs[mask], expected[mask], atol=1e-4)
+    # save_contents' hf_model wrote the same files with the checkpoint, and evaluation takes them as they are
+    for name in ("model.safetensors", "config.json"):
+        assert (out / name).read_bytes() == (root / "step_000004" / "hf" / name).read_bytes(), name
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("exported again"))
+    assert exported_model(root / "step_000004") == root / "step_000004" / "hf"
 
 
 def test_export_of_a_partial_checkpoint_exits_2(tmp_path):
@@ -346,7 +352,7 @@ def test_loading_a_damaged_checkpoint_is_one_line_and_exit_2(command, case, unin
         proc = cli("evaluate", "--model", str(checkpoint), "--data", str(data), "--output", str(tmp_path / "out"))
     assert one_error(proc).startswith(f"error: damaged checkpoint: {checkpoint / file}{says}")
     assert not (checkpoint / "PWNED").exists() and not (tmp_path / "out").exists()
-    assert not (checkpoint / "hf").exists()
+    assert not (checkpoint / "hf.partial").exists()  # nothing exported; the saved hf/ is not read past the damage
 
 
 def test_export_of_another_models_shards_is_one_line_and_exit_2(uninterrupted, tmp_path):

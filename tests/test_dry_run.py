@@ -304,6 +304,9 @@ def test_a_checkpoint_that_cannot_fit_the_disk_is_refused_before_the_run(capsys)
     assert "warning: 3 checkpoints of ~15.2 GB (trainer.max_actor_ckpt_to_keep=2, and the one being saved)" in out
     assert main(["train", "--config", BASE, *args, lean, "trainer.max_actor_ckpt_to_keep=null", "--dry-run"]) == 0
     assert "checkpoints of" not in capsys.readouterr().out
+    with_hf = "actor_rollout_ref.actor.checkpoint.save_contents=[model,extra,hf_model]"  # the weights twice
+    main(["train", "--config", BASE, *args, with_hf, "--dry-run"])
+    assert "~30.5 GB" in "".join(capsys.readouterr())  # an error or a warning, by what is free
 
 
 def test_host_memory_of_the_cpu_optimizer_is_checked(capsys):

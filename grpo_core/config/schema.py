@@ -140,7 +140,8 @@ class CheckpointConfig:
     save_contents: list[str] = setting(
         ["model", "optimizer", "extra"],
         "what each checkpoint holds: model, optimizer (Adam's state: 12 bytes a parameter), extra (lr schedule, "
-        "RNG states); hf_model is written from any checkpoint by `grpo export`",
+        "RNG states), hf_model (the model as Hugging Face files in <checkpoint>/hf, what evaluation reads; "
+        "`grpo export` writes them from any checkpoint)",
     )
     load_contents: list[str] | None = setting(
         None, "what a resume restores of what was saved (null: save_contents); without optimizer, Adam starts afresh"

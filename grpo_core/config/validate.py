@@ -187,11 +187,6 @@ def _check_checkpoint_contents(cfg: GRPOConfig, r: Report) -> None:
                 r.errors.append(f"{prefix}.{key} entry {name!r} is not valid; valid: {list(CHECKPOINT_CONTENTS)}")
     if "model" not in ckpt.save_contents:
         r.notes.append(f"{prefix}.save_contents has no 'model': the model is saved anyway, so that a run can resume")
-    if "hf_model" in ckpt.save_contents:
-        r.notes.append(
-            f"{prefix}.save_contents 'hf_model': not written during training; `grpo export CHECKPOINT OUT_DIR` "
-            "writes the Hugging Face model from any checkpoint"
-        )
 
 
 def _check_algorithm(cfg: GRPOConfig, r: Report) -> None:
@@ -646,6 +641,8 @@ def _check_checkpoint_disk(cfg: GRPOConfig, shape: ModelShape, r: Report) -> Non
         return
     actor, keep = cfg.actor_rollout_ref.actor, cfg.trainer.max_actor_ckpt_to_keep
     one = weights = shape.num_params * DTYPE_BYTES[actor.megatron.dtype] / 1e9
+    if "hf_model" in actor.checkpoint.save_contents:  # the weights again, as Hugging Face files
+        one += weights
     lean = ""
     if "optimizer" in actor.checkpoint.save_contents:
         one += shape.num_params * ADAM_CHECKPOINT_BYTES / 1e9

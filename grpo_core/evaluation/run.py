@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from grpo_core.evaluation.gsm8k import EvalResult, evaluate, write_results
-from grpo_core.trainer.checkpoint import STATE_FILE, CheckpointError, verify_checkpoint
+from grpo_core.trainer.checkpoint import HF_EXPORT, STATE_FILE, CheckpointError, verify_checkpoint
 
 
 @dataclass(frozen=True)
@@ -55,13 +55,13 @@ def is_checkpoint(path: str | Path) -> bool:
 
 
 def exported_model(checkpoint: str | Path) -> Path:
-    """``<checkpoint>/hf``, written by ``grpo export`` unless an earlier call already did."""
+    """``<checkpoint>/hf``: written with the checkpoint (save_contents' hf_model), else by ``grpo export`` now."""
     checkpoint = Path(checkpoint)
     verify_checkpoint(checkpoint)  # also when exported before: the export is only as good as the checkpoint
-    out = checkpoint / "hf"
+    out = checkpoint / HF_EXPORT
     if (out / "config.json").is_file():
         return out
-    partial = checkpoint / "hf.partial"
+    partial = checkpoint / f"{HF_EXPORT}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     done = subprocess.run(
         [sys.executable, "-m", "grpo_core.cli", "export", str(checkpoint), str(partial)],

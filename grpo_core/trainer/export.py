@@ -3,6 +3,8 @@
 import shutil
 from pathlib import Path
 
+import torch.distributed as dist
+
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -20,7 +22,6 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     from grpo_core import actor  # noqa: F401  (CPU compatibility before megatron)
     from grpo_core.actor.actor import ActorSettings, MegatronActor
     from grpo_core.actor.parallel import init_model_parallel
-    from grpo_core.models.bridge import export_hf_weights
     from grpo_core.models.shape import ModelShape
     from grpo_core.planning.layout import ParallelLayout
     from grpo_core.trainer.checkpoint import CheckpointError, load_actor_state, read_trainer_state, verify_checkpoint
@@ -35,11 +36,18 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     init_model_parallel(layout, seed=0)
     policy = MegatronActor(shape, ActorSettings(layout=layout, dtype=state.get("dtype", "float32")), trainable=False)
     load_actor_state(checkpoint, policy)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    export_hf_weights(policy.model[0], shape, out_dir, state["hf_config"])
-    tokenizer = Path(state.get("tokenizer_path") or "")
-    if tokenizer.is_dir():
+    write_hf_model(policy.model, shape, out_dir, state)
+    return out_dir
+
+
+def write_hf_model(model, shape, out_dir: Path, trainer_state: dict) -> None:
+    """The model as Hugging Face files: weights and ``hf_config`` (every rank of the model calls this), then the
+    tokenizer's files from ``tokenizer_path`` (rank 0)."""
+    from grpo_core.models.bridge import export_hf_weights
+
+    export_hf_weights(model, shape, out_dir, trainer_state["hf_config"])
+    tokenizer = Path(trainer_state.get("tokenizer_path") or "")
+    if dist.get_rank() == 0 and tokenizer.is_dir():
         for name in TOKENIZER_FILES:
             if (tokenizer / name).is_file():
                 shutil.copy2(tokenizer / name, out_dir / name)
-    return out_dir
