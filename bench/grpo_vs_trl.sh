@@ -56,13 +56,13 @@ print("| implementation | step | step s | lower bound s | × bound | tokens/s/GP
 print("| --- | --- | --- | --- | --- | --- |")
 for s in limit["steps"]:
     print(f"| project, {s['run']} | {s['step']} | {s['step_measured']:.2f} | {s['step_bound']:.2f} | "
-          f"{s['step_measured'] / s['step_bound']:.1f}× | {s['tokens_per_s']:,.0f} |")
+          f"{s['step_measured'] / s['step_bound']:.2f}× | {s['tokens_per_s']:,.0f} |")
 bounds = [s["step_bound"] for s in limit["steps"] if s["step"] > 1]
 bound = sum(bounds) / len(bounds) if bounds else 0
 if (out / "trl.json").is_file():
     trl = json.loads((out / "trl.json").read_text())
     for s in trl["steps"]:
-        ratio = f"{s['seconds'] / bound:.1f}×" if bound else "–"
+        ratio = f"{s['seconds'] / bound:.2f}×" if bound else "–"
         print(f"| {trl['implementation']} | {s['step']} | {s['seconds']:.2f} | {bound:.2f} | {ratio} | "
               f"{s['tokens_per_s_per_gpu']:,.0f} |")
     print(f"TRL peak {trl['peak_gib']:.1f} GiB")

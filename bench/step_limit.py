@@ -174,7 +174,7 @@ def table(results: list[dict]) -> str:
 
 
 def _ratio(measured: float, bound: float) -> str:
-    return f"{measured / bound:.1f}×" if bound > 0 else "–"
+    return f"{measured / bound:.2f}×" if bound > 0 else "–"  # two places: the target is 1.5×
 
 
 def main(argv: list[str] | None = None) -> int:
