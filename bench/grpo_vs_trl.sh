@@ -66,6 +66,10 @@ if (out / "trl.json").is_file():
         print(f"| {trl['implementation']} | {s['step']} | {s['seconds']:.2f} | {bound:.2f} | {ratio} | "
               f"{s['tokens_per_s_per_gpu']:,.0f} |")
     print(f"TRL peak {trl['peak_gib']:.1f} GiB")
+    ours = [s["step_measured"] for s in limit["steps"] if s["step"] > 1]
+    theirs = [s["seconds"] for s in trl["steps"] if s["step"] > 1]
+    if ours and theirs:  # the first steps compile and warm up on both sides
+        print(f"project against TRL, mean step after the first: {sum(theirs) / len(theirs) / (sum(ours) / len(ours)):.2f}×")
 smol = out / "smol_run" / "metrics.jsonl"
 if smol.is_file():
     for r in map(json.loads, smol.read_text().splitlines()):
