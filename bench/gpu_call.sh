@@ -8,6 +8,7 @@ carry=${CARRY:-.carry} out=${OUT:-/tmp/bench-out}
 python3 -m pip install --quiet --no-index --no-deps --target /tmp/carried "$carry"/wheels/*.whl || exit 1
 export PYTHONPATH=/tmp/carried:$PWD${PYTHONPATH:+:$PYTHONPATH} CUDA_DEVICE_MAX_CONNECTIONS=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"  # launch-bound phases follow it
 python3 -c "from importlib.metadata import version as v; print(*(f'{p} {v(p)}' for p in ('torch', 'transformers', \
 'megatron-core', 'trl')), sep=' | ')"
 bash "$@" "$carry/tok" "$carry/gsm8k_src" "$out"
