@@ -505,6 +505,10 @@ class BatchSetting(NamedTuple):
     value: int
     smallest: int  # one sequence: its tokens for a budget, 1 for a size
 
+    def holding(self, sequences: int) -> int:
+        """The value for micro-batches of ``sequences`` whole sequences."""
+        return sequences * self.smallest
+
 
 def batch_setting(cfg: GRPOConfig, name: str) -> BatchSetting:
     """What sizes the micro-batches of section ``name`` (actor: the update; rollout, ref: their log-prob passes): its
@@ -538,9 +542,9 @@ def fitting_batches(cfg: GRPOConfig, shape: ModelShape) -> dict[str, int]:
             return {}
         fewer = math.ceil(sequences) - 1
         for s in settings:
-            if s.value > fewer * s.smallest:
-                setattr(s.section, s.attr, fewer * s.smallest)
-                changed[s.key] = fewer * s.smallest
+            if s.value > s.holding(fewer):
+                setattr(s.section, s.attr, s.holding(fewer))
+                changed[s.key] = s.holding(fewer)
     return changed
 
 

@@ -16,6 +16,8 @@ from grpo_core.planning.memory import MemoryEstimate
 
 # The loop's phases -> the memory model's (the weight sync runs with the engine awake, as generation does).
 ESTIMATE_PHASE = {"gen": "generation", "old_log_prob": "log_prob", "ref": "log_prob", "update": "update"}
+# The training phases -> the config section whose settings size their micro-batches (validate.BATCH_KEYS).
+PHASE_SECTION = {"update": "actor", "old_log_prob": "rollout", "ref": "ref"}
 LOW_UTILISATION = 70.0  # percent, mean over a phase
 HIGH_COMM_SHARE = 0.2
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED", "CUDA_", "MASTER_", "TORCHELASTIC_")
@@ -69,8 +71,8 @@ def _halved(cfg: GRPOConfig, name: str) -> list[str]:
     """Section ``name``'s micro-batches halved (budgets in whole sequences): an out-of-memory error is past the
     planner's estimate, so a value from it would not do. Nothing where they hold one sequence already."""
     setting = batch_setting(cfg, name)
-    half = setting.value // 2 // setting.smallest * setting.smallest
-    return [f"set {setting.key}={half} (now {setting.value})"] if half >= setting.smallest else []
+    half = setting.value // setting.smallest // 2
+    return [f"set {setting.key}={setting.holding(half)} (now {setting.value})"] if half else []
 
 
 def oom_advice(cfg: GRPOConfig, phase: str, rank: int, estimate: MemoryEstimate | None) -> str:
@@ -85,8 +87,7 @@ def oom_advice(cfg: GRPOConfig, phase: str, rank: int, estimate: MemoryEstimate 
             f"{estimate.peak:.1f} GiB, {estimate.peak_phase}) against {gpu:.1f} GiB a GPU (trainer.gpu_memory_gib="
             f"{cfg.trainer.gpu_memory_gib:g}, or this machine's GPUs where smaller)."
         )
-    section = {"update": "actor", "old_log_prob": "rollout", "ref": "ref"}.get(phase)
-    remedies = _halved(cfg, section) if section else []
+    remedies = _halved(cfg, PHASE_SECTION[phase]) if phase in PHASE_SECTION else []
     remedies.append(
         "offload between phases: actor_rollout_ref.actor.megatron.param_offload / grad_offload / optimizer_offload"
         f" (now {_b(m.param_offload)}/{_b(m.grad_offload)}/{_b(m.optimizer_offload)}),"
@@ -162,10 +163,7 @@ def _training_remedies(cfg: GRPOConfig, phases: list[str]) -> str:
     """The guide's remedies for slow training phases: bigger micro-batches (the settings that size ``phases``'),
     fewer optimizer steps, one work queue, the fusions."""
     arr = cfg.actor_rollout_ref
-    sizes = [_raised(cfg, "actor")] if "update" in phases or not phases else []
-    sizes += [
-        _raised(cfg, section) for phase, section in (("old_log_prob", "rollout"), ("ref", "ref")) if phase in phases
-    ]
+    sizes = [_raised(cfg, section) for phase, section in PHASE_SECTION.items() if phase in (phases or ["update"])]
     prefix = "+actor_rollout_ref.actor.megatron.override_transformer_config."
     connections = cfg.trainer.env.get("CUDA_DEVICE_MAX_CONNECTIONS", "unset")
     return (

@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 
 from grpo_core.atomic import write_text_atomic
-from grpo_core.config.schema import CHECKPOINT_CONTENTS
 from grpo_core.trainer import manifest
 from grpo_core.trainer.manifest import DamagedFile, Verified
 
@@ -36,7 +35,6 @@ STATE_FILE = "trainer_state.json"
 # actor.checkpoint.save_contents / load_contents (verl's names): the model always; Adam's state; "extra" is the lr
 # schedule's position and the RNG states. The trainer state (step, data position) is always written.
 FULL_CONTENTS = frozenset({"model", "optimizer", "extra"})
-SAVED_CONTENTS = frozenset(CHECKPOINT_CONTENTS)
 HF_EXPORT = "hf"  # a checkpoint's Hugging Face files (save_contents' hf_model, or `grpo export` into it)
 RESUMED_WITHOUT = {
     "optimizer": "Adam starts afresh from the saved weights",
@@ -217,7 +215,7 @@ class CheckpointManager:
         final = self.root / f"step_{step:06d}"
         partial = final.with_name(final.name + ".partial")
         try:
-            self._write(partial, final, step, actor, trainer_state, (contents & SAVED_CONTENTS) | {"model"})
+            self._write(partial, final, step, actor, trainer_state, contents | {"model"})
         except BaseException as e:  # torch's CheckpointException is a BaseException
             shutil.rmtree(partial, ignore_errors=True)
             if (cause := _write_failure(e)) is None:
