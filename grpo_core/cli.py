@@ -17,6 +17,7 @@ from rich.console import Console
 
 from grpo_core.config import ConfigError, iter_settings
 from grpo_core.config.load import resolve_config_file
+from grpo_core.config.secrets import into_environment
 from grpo_core.launch import run_lock
 from grpo_core.quiet import attach_log, quiet_terminal
 
@@ -36,12 +37,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from grpo_core.diagnostics.advice import missing_dependencies
     from grpo_core.launch.torchrun import LAUNCH_ID_VAR
     from grpo_core.preflight import check_training_inputs
-    from grpo_core.trainer.checkpoint import (
-        CheckpointManager,
-        check_optimizer_layout,
-        check_same_model,
-        contents_setting,
-    )
+    from grpo_core.trainer.checkpoint import CheckpointManager
     from grpo_core.trainer.dry_run import print_notes_and_warnings, render_dry_run, resolve_run
 
     run = resolve_run(args.config, args.overrides)
@@ -52,33 +48,32 @@ def cmd_train(args: argparse.Namespace) -> int:
         console.print("dry run OK: the configuration is consistent and fits", style="green")
         return 0
     launcher = "TORCHELASTIC_RUN_ID" not in os.environ  # else: one rank, started by torchrun
-    if launcher and run.config.launch.node_rank == 0:  # before the run directory is read: one run at a time
-        # (node 0's launcher holds it for the job: the other nodes of a multi-node run share the directory)
-        run_lock.hold_until_exit(run.config.trainer.default_local_dir, wait=args.wait)
     if launcher and (problem := missing_rendezvous(run.config)):
         raise UserError(problem)
     d = run.config.data
     if missing := [p for p in d.train_files + d.val_files if not Path(p).is_file()]:
         raise UserError(f"data file(s) {', '.join(missing)} do not exist; write them with `grpo prepare`")
     check_training_inputs(run.config, run.shape.vocab_size)
-    if launcher:  # a damaged or foreign checkpoint fails here, in one line, before any rank starts
-        mode = run.config.trainer.resume_mode
-        resume_from = CheckpointManager.for_run(run.config.trainer).resolve_resume(mode)
-        if resume_from is not None:
-            actor = run.config.actor_rollout_ref.actor
-            if "optimizer" in contents_setting(actor.checkpoint)[1]:
-                tp, pp = actor.megatron.tensor_model_parallel_size, actor.megatron.pipeline_model_parallel_size
-                check_optimizer_layout(resume_from, tp, pp)
-            check_same_model(resume_from, run.shape)
-            if mode == "auto":  # the ranks load the one verified here (a damaged newer one is not looked at again)
-                args.overrides = [*args.overrides, f"trainer.resume_mode={resume_from.resolve()}"]
+    mode = run.config.trainer.resume_mode
+    if launcher and mode not in ("auto", "disable"):  # a damaged or foreign checkpoint: one line, no rank started
+        _check_resume_point(run, CheckpointManager.for_run(run.config.trainer).resolve_resume(mode))
     if launcher or (os.environ.get("RANK") == "0" and LAUNCH_ID_VAR not in os.environ):  # once: ranks our launcher
         print_notes_and_warnings(run.report, err_console)  # started would repeat what it printed, one copy each
     if missing := missing_dependencies(run.config):
         for line in missing:
             err_console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_FAILURE
+    # Every input is checked: only now is the run directory made and held, one run at a time (node 0's launcher
+    # holds it for the job: the other nodes of a multi-node run share the directory); each rank joins the hold.
+    if launcher and run.config.launch.node_rank == 0:
+        run_lock.hold_until_exit(run.config.trainer.default_local_dir, wait=args.wait)
+    elif not launcher and (members := os.environ.get(run_lock.MEMBERS_VAR)):
+        run_lock.join(members)
     if launcher:
+        # the ranks load the checkpoint verified here (a damaged newer one is not looked at again)
+        if mode == "auto" and (found := CheckpointManager.for_run(run.config.trainer).resolve_resume(mode)):
+            _check_resume_point(run, found)
+            args.overrides = [*args.overrides, f"trainer.resume_mode={found.resolve()}"]
         attach_log(Path(run.config.trainer.default_local_dir) / "launch" / "grpo.log")
         args.overrides = run.pinned(args.overrides)
         return _launch(run.config, args)
@@ -91,6 +86,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_resume_point(run, checkpoint: Path) -> None:
+    """CheckpointError when a (verified) checkpoint cannot be resumed here: another model, or per-rank optimizer
+    shards of another TP/PP."""
+    from grpo_core.trainer.checkpoint import check_optimizer_layout, check_same_model, contents_setting
+
+    actor = run.config.actor_rollout_ref.actor
+    if "optimizer" in contents_setting(actor.checkpoint)[1]:
+        tp, pp = actor.megatron.tensor_model_parallel_size, actor.megatron.pipeline_model_parallel_size
+        check_optimizer_layout(checkpoint, tp, pp)
+    check_same_model(checkpoint, run.shape)
+
+
 def _launch(cfg, args: argparse.Namespace) -> int:
     """Start the ranks as ``cfg.launch`` says (torchrun on this node, or a Slurm job) and show their output."""
     from grpo_core.launch import LaunchError, run_training
@@ -100,8 +107,8 @@ def _launch(cfg, args: argparse.Namespace) -> int:
         log_dir = run_training(cfg, args.config, args.overrides, echo=True)
     except LaunchError as e:
         stopped_cleanly = e.kind in ("stopped", "timeout") and e.exit_code == 0  # the ranks saved their last step
-        message = str(e) if stopped_cleanly else e.report()
-        err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+        # one line: the echo has shown the ranks' lines (their tracebacks, and torchrun's, stay in the log file)
+        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         if stopped_cleanly and (saved := CheckpointManager.for_run(cfg.trainer).latest()) is not None:
             err_console.print(f"the newest checkpoint is {saved}: the same command resumes from it", soft_wrap=True)
         return 128 + signal.Signals[e.state] if e.kind == "stopped" else 1
@@ -186,8 +193,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         how = f"every file matches its manifest ({v.bytes / 1e9:.3f} GB hashed at {v.gb_per_s:.2f} GB/s)"
     else:
         how = "no manifest (written before manifests): files present, metadata and shard sizes agree"
+    held = "no code in its pickled items, finite weights"
     console.print(
-        f"{args.checkpoint}: intact; {v.files} files; {how}; {v.seconds:.2f} s",
+        f"{args.checkpoint}: intact; {v.files} files; {how}; {held}; {v.seconds + v.contents_seconds:.2f} s",
         markup=False,
         highlight=False,
         soft_wrap=True,
@@ -257,12 +265,18 @@ def cmd_convert_gguf(args: argparse.Namespace) -> int:
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     """The Prefect flow in this process: Prefect's ephemeral API unless PREFECT_API_URL names a server."""
+    from grpo_core.preflight import prefect_api_problem
     from grpo_core.tracking.pipeline_run import uplift_line
     from grpo_core.trainer.dry_run import print_notes_and_warnings, resolve_run
 
     run = resolve_run(args.config, args.overrides)
     if run.report.errors:
         raise ConfigError(run.report.errors, run.report.warnings)
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from offline machines
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # busy small machines
+    if problem := prefect_api_problem():  # a server that is down: one line, before anything is written
+        err_console.print(f"error: {problem}", markup=False, highlight=False, soft_wrap=True)
+        return EXIT_FAILURE
     if not args.fresh:  # before anything is written or Prefect starts: a busy run directory fails in seconds
         run_lock.hold_until_exit(run.config.trainer.default_local_dir, wait=args.wait)  # (--fresh: a new one)
     log = attach_log(Path(run.config.trainer.default_local_dir) / "launch" / "pipeline.log")
@@ -274,13 +288,11 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         soft_wrap=True,
     )
     print_notes_and_warnings(run.report, err_console)
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from offline machines
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # busy small machines
     from flows.grpo_pipeline import grpo_pipeline
 
     state = grpo_pipeline(
         config=args.config,
-        overrides=args.overrides,
+        overrides=into_environment(args.overrides, os.environ),  # Prefect keeps parameters: not trainer.env's values
         fresh=args.fresh,
         start_from_champion=args.start_from_champion,
         skip_unchanged=args.skip_unchanged,
@@ -536,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from grpo_core.data.gsm8k import DataError
     from grpo_core.models.shape import ModelShapeError
+    from grpo_core.numerics import NotFinite
     from grpo_core.rollout.hf import ModelLoadError
     from grpo_core.tracking.registry import RegistryError, RegistryUnreachable
     from grpo_core.trainer.checkpoint import CheckpointError, CheckpointSaveError
@@ -561,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, ModelShapeError, DataError, ModelLoadError, CheckpointError, RegistryError) as e:
         err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_INVALID
+    except NotFinite as e:  # the run diverged: stopped before it trained on, or saved, what is not a number
+        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        return EXIT_FAILURE
     except (CheckpointSaveError, RegistryUnreachable) as e:  # the environment's fault, not the input's
         err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_FAILURE

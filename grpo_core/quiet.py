@@ -11,7 +11,8 @@ CLI, so before megatron is imported, in the launcher and in every rank) routes w
 - in the CLI process it is kept in memory until ``attach_log`` names the run's log file (``grpo train`` and
   ``grpo pipeline`` do), where it is written; a command without a run directory drops it.
 
-Any other warning is shown as Python shows it.
+Any other warning is shown as Python shows it. ``Tracebacks`` picks out the other lines a rank's log keeps from the
+terminal: the frames of tracebacks and torchrun's own report of a failure, which the launcher says in one line.
 """
 
 import logging
@@ -136,3 +137,43 @@ def attach_log(path: str | Path) -> Path:
 def is_marked(line: str) -> bool:
     """A line of a rank's log (``[default0]:`` or ``0: [default0]:`` prefixed, or not) that is chatter."""
     return MARK in line[:40]
+
+
+_PREFIX = re.compile(r"(\d+: )?(\[default\d+\]:)?(\[rank\d+\]: )?")  # srun --label, torchrun --tee, torch's rank
+_AGENT_LOG = re.compile(r"[IWE]\d{4} [\d:.]+ +\d+ \S*torch/distributed/")  # torchrun's own log records
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+_RULE = "=" * 20
+
+
+class Tracebacks:
+    """``hides(line)``, line by line through a log (a rank's, or a node's, where torchrun's agent writes between
+    the ranks' prefixed lines): the frames of a Python traceback (each process's told apart by its line prefix),
+    a thread's "Exception in thread" line, torchrun's log records and its ChildFailedError with the report after
+    it. The exception line that ends a traceback is shown: what went wrong, in one line."""
+
+    def __init__(self) -> None:
+        self._state: dict[str, str] = {}  # line prefix -> "frames", "after" (the exception line), "report", "rule"
+
+    def hides(self, line: str) -> bool:
+        prefix = _PREFIX.match(line).group(0)
+        text, state = line[len(prefix) :], self._state.pop(prefix, None)
+        if text.startswith("Traceback (most recent call last)"):
+            self._state[prefix] = "frames"
+            return True
+        if state == "frames" and text.startswith(" "):
+            self._state[prefix] = "frames"
+            return True
+        if state == "frames":  # the exception line; torchrun's ChildFailedError is followed by its report
+            self._state[prefix] = "report" if "ChildFailedError" in text else "after"
+            return self._state[prefix] == "report"
+        if state == "report":  # up to the report's opening rule of "="
+            self._state[prefix] = "rule" if text.startswith(_RULE) else "report"
+            return True
+        if state == "rule":  # up to and with its closing rule
+            if not text.startswith(_RULE):
+                self._state[prefix] = "rule"
+            return True
+        if state == "after" and (not text.strip() or text.startswith(_CHAINED)):
+            self._state[prefix] = "after"  # a chained traceback may follow
+            return True
+        return text.startswith("Exception in thread ") or bool(_AGENT_LOG.match(text))

@@ -2,6 +2,8 @@
 last complete checkpoint and reproduces the uninterrupted run's next steps exactly; a checkpoint
 saved at TP=2 resumes at TP=1."""
 
+import dataclasses
+import io
 import json
 import os
 import pickle
@@ -78,6 +80,7 @@ def test_killed_run_resumes_exactly(crash, tiny_llama, uninterrupted, tmp_path):
         assert errors[0].startswith(f"error: saving checkpoint {root / 'step_000003'} failed: rank 0: a write came up")
         assert errors[0].endswith(f"the partial save was removed, the newest complete checkpoint is {root}/step_000002")
         assert "[rank0]: Traceback" not in proc.stderr  # (torchrun itself reports the failed worker)
+        assert "Exception in thread" not in proc.stderr  # the checkpoint writer's threads print no traceback
         assert not (root / "step_000003.partial").exists()
         verify_checkpoint(root / "step_000002")
     run(tiny_llama, root, out, steps=4)
@@ -264,14 +267,63 @@ def command_pickle(path: Path) -> None:
     path.write_bytes(pickle.dumps(RunsACommand(path.parent / "PWNED")))
 
 
-# (name, file, damage, keep the manifest, what the error line says after the file's path)
+def _rewrite_item(shard: Path, pick, value) -> str:
+    """Replace one item of ``shard`` (the first its .metadata lists that ``pick(fqn, is_bytes)`` takes) by
+    ``value`` (torch.save'd, appended to the shard), point the metadata at it and rebuild the manifest, as
+    whoever could write the checkpoint could; the item's name."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    root = shard.parent
+    metadata = pickle.loads((root / ".metadata").read_bytes())
+    index, info = next(
+        (i, info)
+        for i, info in metadata.storage_data.items()
+        if info.relative_path == shard.name
+        and pick(i.fqn, isinstance(metadata.state_dict_metadata[i.fqn], BytesStorageMetadata))
+    )
+    data = io.BytesIO()
+    torch.save(value(shard, info) if callable(value) else value, data)
+    metadata.storage_data[index] = dataclasses.replace(info, offset=shard.stat().st_size, length=len(data.getvalue()))
+    with open(shard, "ab") as f:
+        f.write(data.getvalue())
+    (root / ".metadata").write_bytes(pickle.dumps(metadata))
+    write_manifest(root)
+    return index.fqn
+
+
+def command_in_a_byte_item(shard: Path) -> None:
+    """A layer's ``_extra_state`` (a pickled item of the shard) replaced by a pickle that runs a command."""
+    _rewrite_item(shard, lambda fqn, is_bytes: is_bytes, [RunsACommand(shard.parent / "PWNED")])
+
+
+def nan_weights(shard: Path) -> None:
+    """A model tensor of the shard replaced by NaNs of its shape (what a diverged run used to save)."""
+
+    def nans(shard, info):
+        with open(shard, "rb") as f:
+            f.seek(info.offset)
+            return torch.full_like(torch.load(io.BytesIO(f.read(info.length)), weights_only=True), float("nan"))
+
+    _rewrite_item(shard, lambda fqn, is_bytes: not is_bytes and not fqn.startswith("optimizer."), nans)
+
+
+# (name, file, damage, keep the manifest, what the error line says: the kind, then after the file's path)
 DAMAGE = [
-    ("cut shard", "__0_0.distcp", cut, True, ": 100000 bytes, the manifest says"),
-    ("changed shard", "__0_1.distcp", flip_a_byte, True, ": content differs from the manifest (hash mismatch)"),
-    ("missing file", "rng/rank_0.pt", os.unlink, True, ": missing (listed in the manifest)"),
-    ("cut shard, no manifest", "__0_0.distcp", cut, False, ": truncated: 100000 bytes, the metadata needs"),
-    ("command pickle as common.pt, no manifest", "common.pt", command_pickle, False, ": refused: not plain tensors"),
-    ("command pickle as .metadata, no manifest", ".metadata", command_pickle, False, ": not torch checkpoint metadata"),
+    ("cut shard", "__0_0.distcp", cut, True, "damaged", ": 100000 bytes, the manifest says"),
+    ("changed shard", "__0_1.distcp", flip_a_byte, True, "damaged", ": content differs from the manifest (hash"),
+    ("missing file", "rng/rank_0.pt", os.unlink, True, "damaged", ": missing (listed in the manifest)"),
+    ("cut shard, no manifest", "__0_0.distcp", cut, False, "damaged", ": truncated: 100000 bytes, the metadata needs"),
+    ("command pickle as common.pt, no manifest", "common.pt", command_pickle, False, "unsafe", ": refused: not plain"),
+    ("command pickle as .metadata, no manifest", ".metadata", command_pickle, False, "unsafe", ": not torch"),
+    (
+        "command pickle in a shard's item, manifest rebuilt",
+        "__0_1.distcp",
+        command_in_a_byte_item,
+        True,
+        "unsafe",
+        "._extra_state/shard_0_4: refused: not plain tensors and numbers (torch.load(weights_only=True): ",
+    ),
+    ("NaN weights, manifest rebuilt", "__0_0.distcp", nan_weights, True, "non-finite", " NaN or infinite value(s)"),
 ]
 
 
@@ -307,9 +359,9 @@ def test_verify_reports_an_intact_checkpoint_and_its_speed(uninterrupted, capsys
 
 
 @pytest.mark.parametrize(
-    ("file", "damage", "keep_manifest", "says"), [d[1:] for d in DAMAGE], ids=[d[0] for d in DAMAGE]
+    ("file", "damage", "keep_manifest", "kind", "says"), [d[1:] for d in DAMAGE], ids=[d[0] for d in DAMAGE]
 )
-def test_verify_names_the_damaged_file(file, damage, keep_manifest, says, uninterrupted, tmp_path, capsys):
+def test_verify_names_the_damaged_file(file, damage, keep_manifest, kind, says, uninterrupted, tmp_path, capsys):
     from grpo_core.cli import main
 
     checkpoint = damaged_copy(uninterrupted, tmp_path, file, damage, keep_manifest)
@@ -317,7 +369,8 @@ def test_verify_names_the_damaged_file(file, damage, keep_manifest, says, uninte
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in err, err
-    assert errors[0].startswith(f"error: damaged checkpoint: {checkpoint / file}{says}"), err
+    assert errors[0].startswith(f"error: {kind} checkpoint: {checkpoint / file}: "), err
+    assert says in errors[0], err
     assert not (checkpoint / "PWNED").exists()
 
 
@@ -337,22 +390,55 @@ def one_error(proc: subprocess.CompletedProcess, code: int = 2) -> str:
 
 @pytest.mark.parametrize(
     "command,case",
-    [("export", 0), ("export", 4), ("evaluate", 0)],
-    ids=[f"export, {DAMAGE[0][0]}", f"export, {DAMAGE[4][0]}", f"evaluate, {DAMAGE[0][0]}"],
+    [("export", 0), ("export", 6), ("evaluate", 6)],
+    ids=[f"export, {DAMAGE[0][0]}", f"export, {DAMAGE[6][0]}", f"evaluate, {DAMAGE[6][0]}"],
 )
 def test_loading_a_damaged_checkpoint_is_one_line_and_exit_2(command, case, uninterrupted, tmp_path):
     from tests.support.tiny import capitals_data
 
-    _, file, damage, keep_manifest, says = DAMAGE[case]
+    _, file, damage, keep_manifest, kind, says = DAMAGE[case]
     checkpoint = damaged_copy(uninterrupted, tmp_path, file, damage, keep_manifest)
     if command == "export":
         proc = cli("export", str(checkpoint), str(tmp_path / "out"))
     else:
         data = capitals_data(tmp_path / "data") / "test.parquet"
         proc = cli("evaluate", "--model", str(checkpoint), "--data", str(data), "--output", str(tmp_path / "out"))
-    assert one_error(proc).startswith(f"error: damaged checkpoint: {checkpoint / file}{says}")
+    error = one_error(proc)
+    assert error.startswith(f"error: {kind} checkpoint: {checkpoint / file}: ") and says in error, error
     assert not (checkpoint / "PWNED").exists() and not (tmp_path / "out").exists()
     assert not (checkpoint / "hf.partial").exists()  # nothing exported; the saved hf/ is not read past the damage
+
+
+def test_a_pickle_in_a_checkpoint_never_runs_even_unchecked(tmp_path, monkeypatch):
+    """The second guard, for a file changed after its check: every torch.load of a grpo_core process is
+    weights-only (torch's switch, set by importing grpo_core), so torch's checkpoint planner, which unpickles
+    byte items with weights_only=False, refuses the payload that runs without the switch."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    import grpo_core  # noqa: F401
+
+    marker = tmp_path / "PWNED"
+    dcp.save({"extra_state": [RunsACommand(marker)]}, checkpoint_id=tmp_path / "ckpt", no_dist=True)
+    assert os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] == "1"
+    with pytest.raises(CheckpointException, match="unsupported GLOBAL posix.system"):
+        dcp.load({"extra_state": io.BytesIO()}, checkpoint_id=tmp_path / "ckpt", no_dist=True)
+    assert not marker.exists()
+    monkeypatch.delenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD")  # what the payload does without it
+    dcp.load({"extra_state": io.BytesIO()}, checkpoint_id=tmp_path / "ckpt", no_dist=True)
+    assert marker.exists()
+
+
+def test_auto_resume_skips_an_unsafe_newest_checkpoint(uninterrupted, tmp_path, caplog):
+    src, _ = uninterrupted
+    root = tmp_path / "ckpt"
+    for step in ("step_000003", "step_000004"):
+        shutil.copytree(src / step, root / step)
+    command_in_a_byte_item(root / "step_000004" / "__0_1.distcp")
+    assert CheckpointManager(root).resolve_resume("auto") == root / "step_000003"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: unsafe checkpoint: {root / 'step_000004'}")
+    assert not (root / "step_000004" / "PWNED").exists()
 
 
 def test_export_of_another_models_shards_is_one_line_and_exit_2(uninterrupted, tmp_path):
@@ -384,7 +470,7 @@ def test_resume_skips_a_damaged_newest_checkpoint_with_one_warning(tiny_llama, u
     verify_checkpoint(root / "step_000004")  # written anew, whole
 
 
-@pytest.mark.parametrize("fault", ["damaged", "another model", "per-rank shards of another TP"])
+@pytest.mark.parametrize("fault", ["damaged", "unsafe", "another model", "per-rank shards of another TP"])
 def test_train_refuses_a_damaged_or_foreign_checkpoint_before_any_rank_starts(fault, uninterrupted, tmp_path):
     """trainer.resume_mode=PATH: checked by `grpo train` itself, in one line, before torchrun starts a rank."""
     from tests.support.tiny import TOKENIZER, capitals_data, tiny_model_dir
@@ -398,6 +484,9 @@ def test_train_refuses_a_damaged_or_foreign_checkpoint_before_any_rank_starts(fa
     if fault == "damaged":
         cut(checkpoint / "__0_0.distcp")
         says = f"error: damaged checkpoint: {checkpoint / '__0_0.distcp'}: 100000 bytes, the manifest says"
+    elif fault == "unsafe":
+        command_in_a_byte_item(checkpoint / "__0_1.distcp")
+        says = f"error: unsafe checkpoint: {checkpoint / '__0_1.distcp'}: item "
     elif fault == "another model":  # the checkpoint's model: 4 layers and 256 tokens; the tiny model's: 2 and 49152
         says = f"error: {checkpoint / 'trainer_state.json'}: the checkpoint is of another model (num_layers 4 there"
     else:  # saved with dist_ckpt_optim_fully_reshardable=false at TP=2, resumed at TP=1
@@ -410,4 +499,4 @@ def test_train_refuses_a_damaged_or_foreign_checkpoint_before_any_rank_starts(fa
     overrides = base_overrides(tiny_model_dir(tmp_path / "model"), capitals_data(tmp_path / "data"), 1)
     proc = grpo_train(run, *overrides, f"trainer.resume_mode={checkpoint}")
     assert one_error(proc).startswith(says), proc.stderr[-2000:]
-    assert not (run / "launch").exists()
+    assert not (run / "launch").exists() and not (checkpoint / "PWNED").exists()

@@ -101,6 +101,19 @@ def test_malformed_and_missing_files(tmp_path):
     assert "must be a mapping" in problems_of(listy)[0]
 
 
+def test_a_config_file_that_is_not_utf8_is_one_line_naming_its_line(tmp_path, capsys):
+    """A file saved as Latin-1: the file, the line and the byte, exit 2; not a UnicodeDecodeError traceback."""
+    from grpo_core.cli import main
+
+    latin1 = tmp_path / "bad.yaml"
+    latin1.write_bytes("data:\n  train_batch_size: 8\ntrainer:\n  project_name: café\n".encode("latin-1"))
+    (problem,) = problems_of(latin1)
+    assert problem == f"{latin1}:4: not UTF-8 text (byte 0xe9 at offset 56); save it as UTF-8"
+    assert main(["train", "--config", str(latin1), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {problem}" in err.splitlines() and "Traceback" not in err
+
+
 def test_shipped_configs_load_and_flatten():
     for path in sorted((REPO / "configs").glob("*.yaml")):
         flat = to_flat_dict(load_config(path))

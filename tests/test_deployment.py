@@ -35,7 +35,7 @@ def test_deploy_run_by_a_worker_lands_in_the_mlflow_server(tmp_path):
         # One config file (a resolved copy of the demo with test sizes) is the deployment's parameter.
         config = tmp_path / "pipeline.yaml"
         cfg = load_config(REPO / "configs/demo_cpu.yaml", pipeline_overrides(tmp_path, model, mlflow_uri))
-        config.write_text(to_yaml(cfg))
+        config.write_text(to_yaml(cfg, mask_secrets=False))  # a config to run: its values as they are
         env = prefect_env(tmp_path / "prefect", api)
 
         created = prefect("work-pool", "create", "grpo-process", "--type", "process", env=env)
@@ -91,7 +91,7 @@ def test_nightly_trains_from_the_champion_and_a_second_run_with_nothing_new_trai
         assert register(client, champion, "pipeline_test", "champion") == "1"
         config = tmp_path / "nightly.yaml"
         overrides = pipeline_overrides(tmp_path, base, mlflow_uri) + [f"tracking.model_cache_dir={tmp_path / 'cache'}"]
-        config.write_text(to_yaml(load_config(REPO / "configs/demo_cpu.yaml", overrides)))
+        config.write_text(to_yaml(load_config(REPO / "configs/demo_cpu.yaml", overrides), mask_secrets=False))
         env = prefect_env(tmp_path / "prefect", api)
         assert prefect("work-pool", "create", "grpo-process", "--type", "process", env=env).returncode == 0
         deployed = prefect("--no-prompt", "deploy", "--all", env=env)

@@ -258,6 +258,33 @@ def test_missing_column(tmp_path: Path) -> None:
         prepare(src, tmp_path / "out")
 
 
+UNUSABLE = {  # a source file -> what `grpo prepare` says of it (datasets said "StopIteration", or loaded the bytes)
+    "not UTF-8": (
+        "test.jsonl",
+        lambda path: path.write_bytes(
+            b'{"question": "q", "answer": "#### 1"}\n{"question": "caf\xe9", "answer": "#### 2"}\n'
+        ),
+        lambda path: f"{path}: line 2 is not UTF-8 text (byte 0xe9, the line's byte 18); save the file as UTF-8",
+    ),
+    "empty": ("train.jsonl", lambda path: path.write_text("\n"), lambda path: f"{path} is empty: no JSON lines"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNUSABLE))
+def test_an_unusable_source_file_is_one_line_and_exit_2(case: str, tmp_path: Path, capsys) -> None:
+    from grpo_core.cli import main
+
+    name, damage, says = UNUSABLE[case]
+    src, out = tmp_path / "src", tmp_path / "out"
+    for split in ("train", "test"):
+        write_jsonl(src / f"{split}.jsonl", [{"question": "q", "answer": "#### 1"}])
+    damage(src / name)
+    assert main(["prepare", "--source", str(src), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [f"error: {says(src / name)}"], err
+    assert "Traceback" not in err and not out.exists()
+
+
 def test_unreachable_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def offline(*args, **kwargs):
         raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)\nmore detail")

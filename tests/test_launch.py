@@ -3,6 +3,7 @@
 127.0.0.1), including a failing rank, a killed rank and a hanging rank; then ``run_training`` with the real
 trainer (a tiny model, 2 steps) on two simulated nodes, completing and with one node's rank killed."""
 
+import io
 import json
 import os
 import shlex
@@ -94,28 +95,34 @@ def launch_nodes(config: dict, command: list[str], log_dir: Path, **kwargs) -> l
 # --- the command line -----------------------------------------------------------------------------------
 
 
-def test_argv_one_node_runs_the_trainer_module_standalone():
+def test_argv_one_node_runs_the_trainer_module_on_loopback():
     command = trainer_command("configs/grpo_base.yaml", ["trainer.total_training_steps=2"], python="/venv/bin/python")
     assert torchrun_argv(command, nproc_per_node=8) == [
-        "/venv/bin/python", "-m", "torch.distributed.run",
-        "--standalone", "--nproc-per-node=8", "--max-restarts=0",
+        "/venv/bin/python", "-m", "grpo_core.launch.agent",
+        "--nnodes=1", "--node-rank=0", "--rdzv-backend=grpo", "--local-addr=127.0.0.1",
+        "--rdzv-endpoint=127.0.0.1:0", "--rdzv-id=grpo", "--rdzv-conf=join_timeout=600",
+        "--nproc-per-node=8", "--max-restarts=0",
         "-m", "grpo_core.trainer.main_ppo", "--config", "configs/grpo_base.yaml", "trainer.total_training_steps=2",
     ]  # fmt: skip
 
 
-def test_argv_multi_node_uses_a_c10d_rendezvous():
-    argv = torchrun_argv(
-        ["/venv/bin/python", "train.py", "--lr", "1e-6"],
-        nproc_per_node=8, nnodes=4, node_rank=2, rdzv_endpoint="10.0.0.1:29500", rdzv_id="run7",
-        rdzv_timeout_s=300, log_dir="/logs/node2-ranks",
-    )  # fmt: skip
-    assert argv == [
-        "/venv/bin/python", "-m", "torch.distributed.run",
-        "--nnodes=4", "--node-rank=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29500", "--rdzv-id=run7",
+def test_argv_multi_node_uses_a_rendezvous_on_the_endpoints_address():
+    def argv(node_rank):
+        return torchrun_argv(
+            ["/venv/bin/python", "train.py", "--lr", "1e-6"],
+            nproc_per_node=8, nnodes=4, node_rank=node_rank, rdzv_endpoint="10.0.0.1:29500", rdzv_id="run7",
+            rdzv_timeout_s=300, log_dir="/logs/node2-ranks",
+        )  # fmt: skip
+
+    assert argv(2) == [
+        "/venv/bin/python", "-m", "grpo_core.launch.agent",
+        "--nnodes=4", "--node-rank=2", "--rdzv-backend=grpo", "--rdzv-endpoint=10.0.0.1:29500", "--rdzv-id=run7",
         "--rdzv-conf=join_timeout=300", "--nproc-per-node=8", "--max-restarts=0",
         "--log-dir=/logs/node2-ranks", "--tee=3",
         "train.py", "--lr", "1e-6",
     ]  # fmt: skip
+    assert "--local-addr=10.0.0.1" in argv(0)  # node 0 hosts the ranks' store where the rendezvous listens
+    assert "--rdzv-backend=c10d" in argv(None)  # Slurm: torch's own, each node's address Slurm's
 
 
 def test_argv_checks():
@@ -191,6 +198,61 @@ def test_a_launcher_killed_outright_takes_its_agent_with_it(tmp_path):
 def test_an_agent_that_fails_before_any_rank_names_its_last_line(tmp_path):
     with pytest.raises(LaunchError, match="torchrun exited with code 3 before any rank failed: rendezvous broke"):
         run_node(["bash", "-c", "echo rendezvous broke; exit 3"], NodeLogs(tmp_path, node_rank=1))
+
+
+FAILED_AGENT = """
+own="$RANKS/run/attempt_0/0" && mkdir -p "$own"
+printf 'step 1: reward 0.5\\nerror: saving checkpoint /c/step_000001 failed: disk full\\n' > "$own/stderr.log"
+cat <<'EOF'
+[default0]:step 1: reward 0.5
+[default0]:Exception in thread Thread-2 (_write_files_from_queue):
+[default0]:Traceback (most recent call last):
+[default0]:  File "torch/distributed/checkpoint/filesystem.py", line 269, in write
+[default0]:    return self.raw.write(b)
+[default0]:OSError: [Errno 28] No space left on device
+[default0]:error: saving checkpoint /c/step_000001 failed: disk full
+E1206 19:45:10.691000 9148 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0
+Traceback (most recent call last):
+  File "torch/distributed/run.py", line 1032, in <module>
+    main()
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+grpo_core.trainer.main_ppo FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-06_19:45:10
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 9153)
+  error_file: <N/A>
+============================================================
+EOF
+exit 1
+"""
+"""What torchrun's agent prints when its rank fails to save a checkpoint on a full disk (shortened): the rank's
+lines with its writer thread's traceback, then torchrun's own log record, traceback and report."""
+
+
+def test_a_failed_rank_is_one_line_with_what_it_said_and_the_terminal_gets_no_traceback(tmp_path):
+    """Issue 42: the error names the rank and what it said (its own error line); the echo shows the ranks' lines
+    without tracebacks (an exception's own line is kept), and none of torchrun's; the report's tail neither."""
+    from grpo_core.launch.run import LogEcho
+
+    logs, agent = NodeLogs(tmp_path / "logs"), tmp_path / "agent.sh"
+    agent.write_text(FAILED_AGENT)
+    with pytest.raises(LaunchError) as info:
+        run_node(["bash", str(agent)], logs, env={"RANKS": str(logs.rank_dir)})
+    says = "rank 0 (local rank 0) exited with code 1: saving checkpoint /c/step_000001 failed: disk full (log: "
+    assert str(info.value).startswith(f"node 0: {says}"), str(info.value)
+    echoed = io.StringIO()
+    LogEcho(lambda: logs.node_log, echoed).copy(last=True)
+    assert echoed.getvalue().splitlines()[1:] == [  # after the command line
+        "[default0]:step 1: reward 0.5",
+        "[default0]:OSError: [Errno 28] No space left on device",
+        "[default0]:error: saving checkpoint /c/step_000001 failed: disk full",
+    ]
+    assert "Traceback" not in info.value.report() and "disk full" in info.value.report()
+    assert "ChildFailedError" in logs.node_log.read_text()  # all of it stays in the log
 
 
 RANK_THAT_SAVES = (  # a "rank" (a child of the agent): on SIGTERM it says so and exits 0, as the trainer does

@@ -5,10 +5,14 @@ the point, the wiring is — every task runs for real (torchrun, gloo), a second
 persisted results, and the MLflow run has what `grpo compare` and a person need.
 """
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,7 @@ from tests.conftest import REPO
 from tests.support.servers import prefect_env
 from tests.support.tiny import TOKENIZER, tiny_model_dir
 from tests.test_quiet import CHATTER
+from tests.test_secrets import LEAKS, PLANTED, env_overrides
 
 
 def pipeline_overrides(root: Path, model: Path, tracking_uri: str) -> list[str]:
@@ -47,6 +52,41 @@ def grpo(*args: str, env: dict, cwd: Path, timeout: int = 900) -> subprocess.Com
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **env}
     cmd = [sys.executable, "-m", "grpo_core.cli", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout)
+
+
+@contextlib.contextmanager
+def processes_with(variable: str) -> Iterator[dict[int, tuple[dict[bytes, bytes], bytes]]]:
+    """While the block runs, every process whose environment holds ``variable`` (NAME=VALUE), as
+    pid -> (environment, command line), read from /proc every 0.25 s."""
+    seen, done, marker = {}, threading.Event(), variable.encode()
+
+    def watch() -> None:
+        while not done.wait(0.25):
+            for entry in Path("/proc").iterdir():
+                with contextlib.suppress(OSError, ValueError):
+                    environ = (entry / "environ").read_bytes().split(b"\0") if entry.name.isdigit() else []
+                    if marker in environ and (cmdline := (entry / "cmdline").read_bytes()):
+                        seen[int(entry.name)] = (dict(v.split(b"=", 1) for v in environ if b"=" in v), cmdline)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        thread.join()
+
+
+def leaked(text: bytes | str) -> list[str]:
+    """The planted secrets (tests/test_secrets.py) that ``text`` holds."""
+    data = text if isinstance(text, bytes) else text.encode()
+    return [leak for leak in LEAKS if leak.encode() in data]
+
+
+def files_leaking(*roots: Path) -> dict[str, list[str]]:
+    """File -> the planted secrets it holds, for every file under ``roots`` that holds one."""
+    found = {str(f): leaked(f.read_bytes()) for root in roots for f in root.rglob("*") if f.is_file()}
+    return {path: leaks for path, leaks in found.items() if leaks}
 
 
 @pytest.fixture(scope="module")
@@ -123,19 +163,53 @@ def test_a_bad_config_fails_before_prefect_starts(tmp_path):
     assert "data.train_batch_sise" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_prefect_api_that_is_down_is_one_line_in_seconds_before_the_run_directory_is_written(tmp_path):
+    """PREFECT_API_URL at a port nothing listens on (issue 42: the flow engine raised a chained RuntimeError): one
+    line saying what to do, exit 1, in seconds; the run directory is not written."""
+    from tests.support.servers import free_port
+
+    url, run_dir = f"http://127.0.0.1:{free_port()}/api", tmp_path / "run"
+    start = time.monotonic()
+    result = grpo(
+        "pipeline",
+        "--config",
+        str(REPO / "configs/demo_cpu.yaml"),
+        f"trainer.default_local_dir={run_dir}",
+        env=prefect_env(tmp_path / "prefect", api_url=url),
+        cwd=tmp_path,
+        timeout=120,
+    )
+    elapsed = time.monotonic() - start
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith(f"error: the Prefect API at {url} does not answer (")
+    assert error.endswith(
+        "unset PREFECT_API_URL to run on Prefect's ephemeral API, or start that server (`prefect server start`)"
+    )
+    assert elapsed < 60 and not run_dir.exists(), elapsed
+
+
 def test_a_tracking_server_down_at_the_start_loses_nothing_once_synced(tmp_path, tiny_model):
     """The server is down for the whole pipeline: it trains, evaluates and registers into the pending
-    file; `grpo tracking sync` sends it all once the server is up, and a second sync sends nothing."""
+    file; `grpo tracking sync` sends it all once the server is up, and a second sync sends nothing.
+    Issue 42: trainer.env holds secrets (tests/test_secrets.py's PLANTED); the rank gets them in its environment,
+    and neither its command line, the run directory, the MLflow store nor the terminal shows one."""
     from mlflow import MlflowClient
 
     from tests.support.servers import free_port, start_mlflow, stop
 
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    overrides = pipeline_overrides(tmp_path, tiny_model, uri)
+    overrides = pipeline_overrides(tmp_path, tiny_model, uri) + env_overrides(PLANTED)
     env = prefect_env(tmp_path / "prefect")
-    run = grpo("pipeline", "--config", str(REPO / "configs/demo_cpu.yaml"), *overrides, env=env, cwd=tmp_path)
+    with processes_with(f"MY_PAT={PLANTED['MY_PAT']}") as started:  # torchrun's agent and the rank
+        run = grpo("pipeline", "--config", str(REPO / "configs/demo_cpu.yaml"), *overrides, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    ranks = [(environ, cmdline) for environ, cmdline in started.values() if b"LOCAL_RANK" in environ]
+    assert ranks and all(b"grpo_core.trainer.main_ppo" in cmdline for _, cmdline in ranks), started
+    assert all(b"+trainer.env.MY_PAT=${oc.env:MY_PAT}" in cmdline for _, cmdline in ranks)  # the name, a reference
+    assert all(environ[k.encode()] == v.encode() for environ, _ in ranks for k, v in PLANTED.items())
+    assert not [cmdline for _, cmdline in started.values() if leaked(cmdline)]  # what `ps` shows
     assert "Traceback" not in run.stdout + run.stderr
     assert "MLflow run: not sent yet" in run.stdout and "model version: pending" in run.stdout
     # A quiet, informative terminal: the project's first line, a line per step and per evaluation batch, no
@@ -144,7 +218,9 @@ def test_a_tracking_server_down_at_the_start_loses_nothing_once_synced(tmp_path,
     assert "step 1/2: reward " in run.stderr and "step 2/2: reward " in run.stderr and "tokens/s " in run.stderr
     assert "evaluate base: 4/4 questions" in run.stderr and "evaluate trained: 4/4 questions" in run.stderr
     assert not [c for c in CHATTER if c in run.stdout + run.stderr], run.stderr[-5000:]
-    assert f"[default0]:{MARK}UserWarning: Apex is not installed" in (tmp_path / "run/launch/node0.log").read_text()
+    node_log = (tmp_path / "run/launch/node0.log").read_text()
+    assert f"[default0]:{MARK}UserWarning: Apex is not installed" in node_log
+    assert "+trainer.env.HF_TOKEN=${oc.env:HF_TOKEN}" in node_log.splitlines()[0]  # the launched command line
     pending = tmp_path / "run" / "mlflow_pending.jsonl"
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
 
@@ -172,10 +248,19 @@ def test_a_tracking_server_down_at_the_start_loses_nothing_once_synced(tmp_path,
         # registered as the queue said; never promoted without reading the registry's champion
         version = client.get_model_version_by_alias("pipeline_test", "challenger")
         assert version.run_id == run_id and "could not be read" in version.tags["grpo.promotion_reason"]
+        # where it came from, on the server: its files' and its checkpoint manifest's digests, on the run too
+        for tag in ("grpo.model_sha256", "grpo.checkpoint_manifest_sha256"):
+            assert len(version.tags[tag]) == 64 and remote.data.tags[tag] == version.tags[tag], tag
 
         again = grpo("tracking", "sync", str(tmp_path / "run"), env=env, cwd=tmp_path, timeout=300)
         assert again.returncode == 0 and "nothing to send" in again.stdout, again.stdout + again.stderr
         assert len(client.get_metric_history(run_id, "reward/mean")) == len(logged)
         assert len(client.search_model_versions("name='pipeline_test'")) == 1
+        # the secrets' names are tracked, their values are nowhere: params, artifacts, pending file, logs, terminal
+        assert "'MY_PAT': '***'" in remote.data.params["trainer.env"]
+        resolved = client.download_artifacts(run_id, "resolved_config.yaml", str(tmp_path / "dl"))
+        assert all(f"{name}: '***'" in Path(resolved).read_text() for name in PLANTED)
+        assert files_leaking(tmp_path / "run", tmp_path / "store", tmp_path / "prefect") == {}  # Prefect's db too
+        assert leaked(run.stdout + run.stderr + sync.stdout + sync.stderr) == []
     finally:
         stop(server)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from grpo_core.cli import main
-from grpo_core.tracking.registry import RegistryError, fetch_model, parse_model_uri, version_dir
+from grpo_core.tracking.registry import RegistryError, fetch_model, parse_model_uri, provenance_tags, version_dir
 from tests.conftest import REPO
 from tests.support.servers import free_port, mlflow_server
 from tests.support.tiny import TOKENIZER, capitals_data, tiny_model_dir
@@ -31,7 +31,7 @@ def test_the_cache_is_keyed_by_the_version_and_its_server(tmp_path):
     assert version_dir(tmp_path, "u", "a/b c", "1", "s").parent.name == "a_b_c"
 
 
-def register(client, model_dir: Path, name: str, alias: str | None) -> str:
+def register(client, model_dir: Path, name: str, alias: str | None, tags: dict | None = None) -> str:
     """``model_dir`` logged as a run's ``model`` artifact and registered (as the pipeline does)."""
     experiment = client.get_experiment_by_name("registry_test") or client.get_experiment(
         client.create_experiment("registry_test")
@@ -41,7 +41,7 @@ def register(client, model_dir: Path, name: str, alias: str | None) -> str:
     client.set_terminated(run.info.run_id)
     if not client.search_registered_models(f"name = '{name}'"):
         client.create_registered_model(name)
-    version = client.create_model_version(name, f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
+    version = client.create_model_version(name, f"{run.info.artifact_uri}/model", run_id=run.info.run_id, tags=tags)
     if alias:
         client.set_registered_model_alias(name, alias, version.version)
     return str(version.version)
@@ -49,7 +49,8 @@ def register(client, model_dir: Path, name: str, alias: str | None) -> str:
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
-    """A real mlflow server holding two versions of a tiny model; version 2 is the champion."""
+    """A real mlflow server holding two versions of a tiny model; version 2 is the champion, registered with
+    the digest of its files as the pipeline registers (version 1 from before digests)."""
     from mlflow import MlflowClient
 
     if not TOKENIZER.is_dir():
@@ -58,7 +59,8 @@ def registry(tmp_path_factory):
     with mlflow_server(root / "mlflow") as uri:
         client = MlflowClient(uri)
         register(client, tiny_model_dir(root / "v1", seed=1), NAME, None)
-        register(client, tiny_model_dir(root / "v2", seed=2), NAME, "champion")
+        v2 = tiny_model_dir(root / "v2", seed=2)
+        register(client, v2, NAME, "champion", provenance_tags(v2, None))
         yield uri, root
 
 
@@ -85,7 +87,26 @@ def test_train_dry_run_resolves_an_alias_and_downloads_the_version_once(registry
     assert len(list(cache.glob(f"{NAME}/*"))) == 1
 
 
-def test_a_version_number_and_grpo_evaluate(registry, tmp_path, monkeypatch, capsys):
+def test_a_copy_changed_after_registration_is_refused(registry, tmp_path, capsys):
+    """The version's files are checked against the digest recorded on the tracking server at registration:
+    a changed copy (in the artifact store, or here the local cache) is refused in one line, exit 2."""
+    uri, _ = registry
+    cache = tmp_path / "cache"
+    model = fetch_model(f"models:/{NAME}@champion", uri, str(cache))  # downloaded and checked
+    weights = model.path / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    args = ["train", "--dry-run", "--config", str(REPO / "configs/demo_cpu.yaml")]
+    args += [f"actor_rollout_ref.model.path=models:/{NAME}@champion", f"tracking.mlflow_tracking_uri={uri}"]
+    assert main([*args, f"tracking.model_cache_dir={cache}"]) == 2
+    err = capsys.readouterr().err
+    [error] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert f"models:/{NAME}@champion: the files of version 2 ({model.path}) are not those it was registered" in error
+    assert "Traceback" not in err
+
+
+def test_a_version_number_and_grpo_evaluate(registry, tmp_path, monkeypatch, capsys, caplog):
     uri, root = registry
     monkeypatch.setenv("GRPO_MODEL_CACHE", str(tmp_path / "cache"))
     data = capitals_data(tmp_path / "data", rows=8)
@@ -93,6 +114,7 @@ def test_a_version_number_and_grpo_evaluate(registry, tmp_path, monkeypatch, cap
     args += ["--limit", "2", "--max-new-tokens", "4", "--output", str(tmp_path / "eval")]
     assert main(args) == 0
     assert f"models:/{NAME}/1 (local copy" in capsys.readouterr().err
+    assert f"models:/{NAME}/1: version 1 records no grpo.model_sha256; its files are not checked" in caplog.text
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["num_questions"] == 2
     model = fetch_model(f"models:/{NAME}/1", uri, str(tmp_path / "cache"))
     assert model.version == "1" and (model.path / "config.json").is_file()

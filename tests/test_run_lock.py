@@ -10,12 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from grpo_core.launch.run_lock import HOLDER_FILE, acquire, read_holder, release
 from tests.conftest import REPO
 from tests.support.servers import prefect_env
-from tests.support.tiny import TOKENIZER, tiny_model_dir
+from tests.support.tiny import TOKENIZER, capitals_data, tiny_model_dir
 
 HOLD = """
 import sys, time
@@ -93,8 +94,27 @@ def test_a_second_pipeline_on_a_busy_run_directory_fails_at_once_naming_the_hold
     assert not (run_dir / HOLDER_FILE).exists()  # let go on exit
 
 
+def test_a_refused_input_creates_no_run_directory(tmp_path, tiny_model):
+    """Every input is checked before the run directory is made or held: a refused run leaves nothing behind."""
+    run_dir = tmp_path / "nested" / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_core.cli", "train", "--config", str(REPO / "configs/demo_cpu.yaml")]
+        + [*overrides(tmp_path, tiny_model)[:-2], f"trainer.default_local_dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode == 2 and "do not exist; write them with `grpo prepare`" in proc.stderr, proc.stderr
+    assert not (tmp_path / "nested").exists()
+
+
 def test_train_with_wait_waits_for_the_holder_then_goes_on(tmp_path, tiny_model):
     run_dir, log = tmp_path / "run", tmp_path / "train.err"
+    capitals_data(tmp_path / "data")
+    (run_dir / "checkpoints" / "step_000001").mkdir(parents=True)  # what the holder's run left: damaged
+    (run_dir / "checkpoints" / "step_000001" / "trainer_state.json").write_text("{}")
     holder = holder_process(run_dir)
     try:
         cmd = [
@@ -118,8 +138,57 @@ def test_train_with_wait_waits_for_the_holder_then_goes_on(tmp_path, tiny_model)
         holder.stdin.close()
         holder.wait(timeout=60)
     waiting.wait(timeout=300)
-    # past the lock: the next check (no data prepared) stops it
-    assert waiting.returncode == 2 and "do not exist; write them with `grpo prepare`" in log.read_text()
+    # past the lock: the run directory is read (its one checkpoint is damaged, which stops it)
+    assert waiting.returncode == 2 and "no intact checkpoint in" in log.read_text(), log.read_text()
+
+
+BLOCKING_REWARD = """
+import os, time
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    while os.path.exists({flag!r}):  # the test holds the step in flight here
+        time.sleep(0.1)
+    return 0.0
+"""
+
+
+def test_a_killed_launchers_agent_and_ranks_keep_the_run_directory_until_they_end(tmp_path):
+    """SIGKILL of `grpo train` leaves its agent and ranks finishing the step in flight: a new run on the same
+    directory refuses in one line while any of them lives, or waits for them (--wait), then resumes; the two
+    runs never write at once (each step is written once)."""
+    from tests.test_train import base_overrides, metrics
+
+    if not TOKENIZER.is_dir():
+        pytest.skip(f"{TOKENIZER} (the shared SmolLM2 tokenizer) is not present")
+    flag, reward, run_dir = tmp_path / "hold", tmp_path / "reward.py", tmp_path / "run"
+    reward.write_text(BLOCKING_REWARD.format(flag=str(flag)))
+    model, data = tiny_model_dir(tmp_path / "model"), capitals_data(tmp_path / "data")
+    common = [*base_overrides(model, data, 3), f"custom_reward_function.path={reward}", "trainer.save_freq=1"]
+    cmd = [sys.executable, "-m", "grpo_core.cli", "train", f"trainer.default_local_dir={run_dir}", *common]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(), cwd=tmp_path)
+    deadline = time.monotonic() + 600
+    while not ((run_dir / "metrics.jsonl").is_file() and (run_dir / "metrics.jsonl").read_text().strip()):
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    flag.touch()  # step 2 stops in the reward until the flag goes
+    orphans = psutil.Process(first.pid).children(recursive=True)
+    first.kill()
+    first.wait()
+    refused = subprocess.run([*cmd], capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=300)
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    [error] = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert "is in use by the torchrun agent or ranks of an earlier run" in error and "--wait" in error, error
+    assert any(p.is_running() for p in orphans)
+    log = tmp_path / "waiting.err"
+    with log.open("w") as err:
+        waiting = subprocess.Popen([*cmd[:4], "--wait", *cmd[4:]], stderr=err, env=env(), cwd=tmp_path)
+    while "waiting for them to end" not in log.read_text():
+        assert waiting.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    flag.unlink()  # the earlier run's ranks finish their step (or are killed by their agent), then end
+    assert waiting.wait(timeout=600) == 0, log.read_text()[-3000:]
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in orphans)
+    steps = [m["step"] for m in metrics(run_dir)]
+    assert steps == [1, 2, 3], steps  # each step once: never two runs writing
 
 
 def test_a_dead_holders_lock_is_taken_over_with_a_warning(tmp_path, caplog):

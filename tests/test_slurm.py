@@ -40,7 +40,7 @@ CFG = {"trainer": {"nnodes": 2, "n_gpus_per_node": 1, "device": "cpu", "env": {"
 
 
 def test_sbatch_script_for_two_gpu_nodes():
-    shape = JobShape(nnodes=2, nproc_per_node=8, device="cuda", env={"NCCL_DEBUG": "WARN", "X": "a b"})
+    shape = JobShape(nnodes=2, nproc_per_node=8, device="cuda", env={"NCCL_DEBUG": "WARN", "MY_PAT": "planted"})
     command = trainer_command("/runs/7/config.yaml", ["trainer.total_training_steps=10"], python="/venv/bin/python")
     options = ["--partition=gpu"]
     text = sbatch_script(
@@ -51,6 +51,7 @@ def test_sbatch_script_for_two_gpu_nodes():
         stop_warning_s=300,
         port=29400,
         sbatch_options=options,
+        extra_env={"X": "a b"},
     )
     for line in [
         "#SBATCH --nodes=2",
@@ -60,8 +61,9 @@ def test_sbatch_script_for_two_gpu_nodes():
         "#SBATCH --signal=USR1@300",  # the ranks' warning: finish the step, save it, stop
         "#SBATCH --output=/runs/7/slurm-%j.log",
         "#SBATCH --partition=gpu",
-        "export NCCL_DEBUG=WARN",
         "export X='a b'",
+        ': "${NCCL_DEBUG?not passed on by sbatch (trainer.env.NCCL_DEBUG)}"',  # trainer.env: sbatch's environment
+        ': "${MY_PAT?not passed on by sbatch (trainer.env.MY_PAT)}"',
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
     ]:
         assert line in text.splitlines(), line
@@ -72,6 +74,7 @@ def test_sbatch_script_for_two_gpu_nodes():
         "--rdzv-conf=join_timeout=600 --nproc-per-node=8 --max-restarts=0 "
         "-m grpo_core.trainer.main_ppo --config /runs/7/config.yaml trainer.total_training_steps=10"
     ) in text
+    assert "WARN" not in text and "planted" not in text  # the script is a file in the run directory
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)  # valid shell
 
 
@@ -160,7 +163,7 @@ def test_cancelled_job_reports_cancelled(slurm_cluster, tmp_path):
     command = worker(tmp_path / "out", "--steps", "1000", "--step-seconds", "0.5")
     script.write_text(sbatch_script(command, JobShape.from_config(CFG), log_path=logs / "job.log", port=free_port()))
     start = time.monotonic()
-    job_id = submit(script)
+    job_id = submit(script, JobShape.from_config(CFG).env)  # trainer.env reaches the job through sbatch's environment
     while (status := job_status(job_id)) is not None and status.state == "PENDING":
         time.sleep(0.2)
     assert status is not None and status.state == "RUNNING"

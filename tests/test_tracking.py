@@ -101,7 +101,7 @@ def test_wandb_run_offline_has_the_metrics_file_names_steps_and_masked_config(tm
     run = read_run(files[0])
     assert (run["project"], run["name"]) == ("grpo_wandb_test", "two_steps")
     assert run["config"]["trainer.env"]["WANDB_API_KEY"] == "***"  # a dict setting stays whole, masked inside
-    assert run["config"]["trainer.env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert run["config"]["trainer.env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "***"  # every trainer.env value
     assert run["config"]["actor_rollout_ref.rollout.n"] == cfg.actor_rollout_ref.rollout.n
     assert run["config"]["trainer.logger"] == ["console", "wandb"]
 
@@ -110,17 +110,6 @@ def test_wandb_run_offline_has_the_metrics_file_names_steps_and_masked_config(tm
         {k: v for k, v in row.items() if not k.startswith("_")} | {"step": row["_step"]} for row in run["history"]
     ]
     assert logged == written == [{"step": s, **m} for s, m in steps.items()], (run["history"], written)
-
-
-def test_secrets_inside_dict_settings_are_masked():
-    from grpo_core.tracking.mlflow_run import mask_secrets
-
-    flat = {"trainer.env": {"WANDB_API_KEY": "k", "NCCL_DEBUG": "WARN"}, "x.hf_token": "t", "x.tokens": 3}
-    assert mask_secrets(flat) == {
-        "trainer.env": {"WANDB_API_KEY": "***", "NCCL_DEBUG": "WARN"},
-        "x.hf_token": "***",
-        "x.tokens": 3,
-    }
 
 
 def test_close_gives_an_outage_its_wait_once_not_again_at_the_end(tmp_path, monkeypatch):

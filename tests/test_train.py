@@ -3,8 +3,10 @@
 Each test runs the real command (torchrun, gloo) on a tiny random Llama with the SmolLM2 tokenizer.
 """
 
+import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -17,13 +19,27 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import REPO
+from tests.support.sockets import ListenWatch
 from tests.support.tiny import TOKENIZER, capitals_data, tiny_model_dir
 
 
-def grpo_train(run_dir: Path, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
+def grpo_train(
+    run_dir: Path, *overrides: str, timeout: int = 900, watch: ListenWatch | None = None
+) -> subprocess.CompletedProcess:
+    """``grpo train`` with these overrides; ``watch``: a ListenWatch class to sample its processes' listeners
+    with (the result's ``listening``)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "grpo_core.cli", "train", f"trainer.default_local_dir={run_dir}", *overrides]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
+    if watch is None:
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO) as proc:
+        sockets = watch(proc.pid)
+        sockets.start()
+        out, err = proc.communicate(timeout=timeout)
+        sockets.stop()
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    result.listening = sockets
+    return result
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -133,7 +149,9 @@ def test_each_mode_learns_the_capitals_task(mode, tmp_path, capitals, learner_mo
 def test_tp2_run_resumes_from_its_checkpoint(tmp_path, capitals):
     """Two processes at TP=2 (an HF engine on each rank, fed the gathered weights), a checkpoint per
     step; a second invocation with more steps resumes after the last one instead of starting over.
-    The first run also carries the diagnostics: TensorBoard, a profiled step 2, GPU sampling."""
+    The first run also carries the diagnostics: TensorBoard, a profiled step 2, GPU sampling; and no process
+    of it (launcher, torchrun's agent, ranks) listens beyond loopback: not the rendezvous store, not the ranks'
+    store, not gloo."""
     model = tiny_model_dir(tmp_path / "model")
     run = tmp_path / "run"
     common = [
@@ -144,8 +162,10 @@ def test_tp2_run_resumes_from_its_checkpoint(tmp_path, capitals):
         "trainer.logger=[console,tensorboard]",
         "trainer.profile_steps=[2]",
     ]
-    first = grpo_train(run, *common)
+    first = grpo_train(run, *common, watch=ListenWatch)
     assert first.returncode == 0, first.stderr[-4000:]
+    assert {name for name, _, _ in first.listening.seen} >= {"pt_elastic"}, first.listening.seen  # the agent's
+    assert not first.listening.beyond_loopback(), first.listening.seen
     check_diagnostics(run, first.stderr)
     # the terminal has no library chatter (both ranks' log has it, marked): see tests/test_quiet.py
     assert "Apex is not installed" not in first.stderr and "[library]" not in first.stderr
@@ -207,17 +227,45 @@ def test_dapo_run_killed_after_a_checkpoint_resumes_exactly(tmp_path, capitals):
     assert "reward/overlong_penalty_mean" in expected and expected["batch/groups_kept"] > 0
 
 
+def ranks_under(pid: int) -> int:
+    """How many processes below ``pid`` torchrun started as ranks (it gave them LOCAL_RANK)."""
+    count = 0
+    for process in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # one that ended meanwhile
+            count += "LOCAL_RANK" in process.environ()
+    return count
+
+
+def stop_while_the_ranks_start(cmd: list[str], env: dict, run: Path) -> None:
+    """SIGTERM to `grpo train` once both ranks run, before they are set up (and take it as a stop request)."""
+    proc = subprocess.Popen([*cmd, "launch.stop_grace_s=30"], stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    deadline = time.monotonic() + 300
+    while ranks_under(proc.pid) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-4000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in stderr, stderr[-4000:]
+    [error] = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith("error: node 0: stopped: SIGTERM received; the ranks were still starting: rank "), error
+    assert "was killed by SIGTERM (exit code -15) after " in error and "; nothing was saved (log: " in error, error
+    assert not (run / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1 to every process"])
 def test_a_stop_signal_stops_both_ranks_after_a_saved_step_and_the_same_command_resumes(signum, tmp_path, capitals):
     """SIGTERM to `grpo train` (what `timeout` and Kubernetes send), or SIGUSR1 to each of its processes (what
     Slurm's --signal=USR1@SECONDS sends ahead of a time limit; torchrun's agent must not die of it): both ranks
     finish the step in flight and save it although periodic saves are off; the command exits 128 + the signal
-    with one line; run again, it goes on after that step."""
+    with one line; run again, it goes on after that step. SIGTERM while the ranks are still starting (issue 42):
+    one line that says so, the same exit status, nothing saved."""
     model = tiny_model_dir(tmp_path / "model")
     run = tmp_path / "run"
     common = [*base_overrides(model, capitals, 40), "trainer.n_gpus_per_node=2", "trainer.save_freq=-1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "grpo_core.cli", "train", f"trainer.default_local_dir={run}", *common]
+    if signum == signal.SIGTERM:
+        stop_while_the_ranks_start(cmd, env, run)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     deadline = time.monotonic() + 600
     while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().strip()):
@@ -334,17 +382,57 @@ def test_static_engine_starts_from_the_actors_weights(tmp_path, capitals):
         assert 0 < m["rollout/decode_s"] < parts < m["timing/gen"] and m["rollout/decode_steps"] > 0, m
 
 
+def grpo_train_on_a_full_disk(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """``grpo train`` whose checkpoints directory is a full disk: a 1 MB tmpfs mounted over it in a mount namespace of
+    the command's own (``unshare``: the mount is seen by it alone and goes when it ends) where this machine lets a
+    user make one, a real ENOSPC; else a 1 MB file size limit (RLIMIT_FSIZE) for each of its processes."""
+    checkpoints = run_dir / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "grpo_core.cli", "train", f"trainer.default_local_dir={run_dir}", *overrides]
+    mount = ["unshare", "--mount", "--map-root-user", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs "$0" && exec "$@"']
+    probe = [*mount, str(checkpoints), "true"]
+    if shutil.which("unshare") and subprocess.run(probe, capture_output=True).returncode == 0:
+        cmd = [*mount, str(checkpoints), *cmd]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+
+    def limit_file_size() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    return subprocess.run(
+        cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900, preexec_fn=limit_file_size
+    )
+
+
+def assert_the_full_disk_is_one_line(run: Path, result: subprocess.CompletedProcess) -> None:
+    """Exit 1 and one ``error:`` line: the launcher's, with what the rank said; no traceback in the terminal."""
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-4000:]
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    saving = f"saving checkpoint {run / 'checkpoints' / 'step_000001'} failed: "
+    assert error.startswith(f"error: node 0: rank 0 (local rank 0) exited with code 1: {saving}"), error
+    assert "; the partial save was removed, no earlier checkpoint exists (log: " in error, error
+    node_log = (run / "launch" / "node0.log").read_text()
+    assert "ChildFailedError" in node_log and "Exception in thread" not in node_log  # torchrun's stays in the log
+
+
 def test_rollout_seed_decides_what_the_static_engine_samples(tmp_path, capitals):
     """rollout.seed is the sampling stream's seed for every engine: the static engine (which draws from torch's
-    default generators) once sampled the same responses whatever it said."""
+    default generators) once sampled the same responses whatever it said.
+    The second run's disk is full when it saves its step (issue 42): through the real launcher the terminal shows
+    the rank's own error line and the launcher's, exit 1, no traceback (the checkpoint writer threads' used to
+    print theirs; torchrun's ChildFailedError stays in the node log)."""
     model = tiny_model_dir(tmp_path / "model")
     overrides = (*base_overrides(model, capitals, 1), "actor_rollout_ref.rollout.name=static")
     sampled = []
     for seed in (0, 1):
         run = tmp_path / f"seed{seed}"
-        result = grpo_train(run, *overrides, f"actor_rollout_ref.rollout.seed={seed}")
-        assert result.returncode == 0, result.stderr[-4000:]
-        (step,) = metrics(run)
+        if seed == 0:
+            result = grpo_train(run, *overrides, f"actor_rollout_ref.rollout.seed={seed}")
+            assert result.returncode == 0, result.stderr[-4000:]
+        else:
+            result = grpo_train_on_a_full_disk(run, *overrides, f"actor_rollout_ref.rollout.seed={seed}")
+            assert_the_full_disk_is_one_line(run, result)
+        (step,) = metrics(run)  # logged before the save
         sampled.append({k: v for k, v in step.items() if k.startswith(("response/", "reward/", "actor/"))})
     assert sampled[0] != sampled[1]
 

@@ -146,7 +146,7 @@ def test_typos_of_verl_keys_still_get_did_you_mean():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["trainer.critic_warmpu=0"])
     assert e.value.problems == [
-        "override 'trainer.critic_warmpu=0': unknown key 'trainer.critic_warmpu'; did you mean 'trainer.critic_warmup'?"
+        "override 'trainer.critic_warmpu=…': unknown key 'trainer.critic_warmpu'; did you mean 'trainer.critic_warmup'?"
     ]
 
 

@@ -26,6 +26,7 @@ from grpo_core.data.batch import RolloutBatch
 from grpo_core.models import fused
 from grpo_core.models.bridge import DTYPES, build_model, load_hf_weights, transformer_config
 from grpo_core.models.shape import ModelShape
+from grpo_core.numerics import NotFinite, finite_each
 from grpo_core.planning.layout import ParallelLayout
 
 
@@ -421,15 +422,46 @@ class MegatronActor:
 
     def _optimizer_step(self, outputs: list[dict]) -> dict:
         """The step on the gradients ``forward_backward`` left (``outputs``: its loss dicts); its metrics, the loss
-        terms' sums still on the GPU (``_mean_metrics`` reads them once the update is over)."""
+        terms' sums still on the GPU (``_mean_metrics`` reads them once the update is over). NotFinite, with no
+        step taken, when any rank's gradients or loss terms hold NaN or infinity: megatron's bf16 and fp32
+        optimizers would apply them and every weight would be NaN after it."""
+        sums = self._metric_sums(outputs)
+        if not self._finite(sums):
+            self.optimizer.zero_grad()
+            raise NotFinite(
+                f"optimizer step {self.scheduler.num_steps + 1}: the loss or its gradients hold NaN or infinity "
+                "(a reward, advantage or log-probability that is not a number, or a learning rate too high); the "
+                "update was skipped and the run stopped"
+            )
         _, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(increment=1)
-        metrics: dict = {"sums": self._metric_sums(outputs)}
+        metrics: dict = {"sums": sums}
         metrics["actor/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")  # nan: skipped
         if self.s.dtype == "float16":
             metrics["actor/loss_scale"] = float(self.optimizer.get_loss_scale())
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         return metrics
+
+    def _finite(self, sums: torch.Tensor) -> bool:
+        """Whether every rank's gradient buffers and loss sums are numbers: a reduction per buffer, one
+        all-reduce and one host sync (the step reads the gradient norm on the host anyway). In float16 an
+        overflowing gradient is the loss scaler's to handle (it skips that step and lowers the scale)."""
+        grads = [b.grad_data for chunk in self.model for b in chunk.buffers + chunk.expert_parallel_buffers]
+        if self.s.dtype == "float16":
+            grads = []
+        bad = (~finite_each([*grads, sums])).any().to(torch.int32)
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        return not bad.item()
+
+    def non_finite_weights(self) -> tuple[list[str], bool]:
+        """(this rank's parameters holding NaN or infinity, whether any rank has one): a reduction per tensor,
+        one all-reduce, one host sync."""
+        params = [(n, p) for _, chunk in self._unwrapped_chunks() for n, p in chunk.named_parameters()]
+        flags = finite_each([p for _, p in params]).tolist()
+        bad = [n for (n, _), finite in zip(params, flags, strict=True) if not finite]
+        anywhere = torch.tensor([len(bad)], dtype=torch.int32, device=device())
+        dist.all_reduce(anywhere, op=dist.ReduceOp.MAX)
+        return bad, bool(anywhere.item())
 
     def forward_backward(self, mini: RolloutBatch) -> list[dict]:
         """The GRPO loss's gradients for one mini-batch, reduced over DP, in the grad buffers (no step). Without

@@ -16,10 +16,11 @@ from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue, OmegaConfBaseException
 
 from grpo_core.config import verl_keys
 from grpo_core.config.schema import AUTO_DTYPE, DTYPE_SECTIONS, FREE_FORM_KEYS, GRPOConfig, iter_settings
+from grpo_core.config.secrets import is_secret, masked, masked_word, shown_key
 from grpo_core.planning.hardware import native_dtype
 
 ALIASES = {
@@ -66,6 +67,7 @@ class _Value:
     value: Any
     where: str
     add: bool = False  # given as +key=value
+    override: str = ""  # the key as the override gave it: what a message about the key names, never the value
 
 
 def _is_free_form(key: str) -> bool:
@@ -102,10 +104,26 @@ def _line_numbers(text: str) -> dict[str, int]:
     return lines
 
 
-def _read_yaml(path: Path) -> list[_Value]:
+def _read_text(path: Path) -> str:
+    """The file as UTF-8 (what YAML is); a file saved in another encoding is named with the line of its first bad
+    byte, not a UnicodeDecodeError."""
     if not path.is_file():
         raise ConfigError([f"{path}: config file not found"])
-    text = path.read_text()
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read the config file: {e.strerror or e}"]) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(
+            [f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); save it as UTF-8"]
+        ) from None
+
+
+def _read_yaml(path: Path) -> list[_Value]:
+    text = _read_text(path)
     try:
         tree = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
@@ -123,15 +141,15 @@ def _read_overrides(overrides: list[str]) -> tuple[list[_Value], list[str]]:
     for raw in overrides:
         key, sep, _ = raw.partition("=")
         if not sep or not key.lstrip("+"):
-            problems.append(f"override {raw!r}: expected key=value or +key=value")
+            problems.append(f"override {masked_word(raw)!r}: expected key=value or +key=value")
             continue
         try:
             parsed = OmegaConf.to_container(OmegaConf.from_dotlist([raw.lstrip("+")]))
         except OmegaConfBaseException as e:
-            problems.append(f"override {raw!r}: {str(e).splitlines()[0]}")
+            problems.append(f"override {masked_word(raw)!r}: {str(e).splitlines()[0]}")
             continue
         for k, v in _flatten(parsed, whole_dicts=False).items():
-            values.append(_Value(k, v, f"override {raw!r}", add=raw.startswith("+")))
+            values.append(_Value(k, v, f"override {masked_word(raw)!r}", raw.startswith("+"), key))
     return values, problems
 
 
@@ -170,7 +188,7 @@ def _resolve_aliases(values: list[_Value]) -> tuple[list[_Value], list[str]]:
                 f"{a.where}: {alias}={a.value} conflicts with {canonical}={c.value} ({c.where}); "
                 "they are the same setting, give one"
             )
-        by_key[canonical] = _Value(canonical, a.value, a.where, a.add)
+        by_key[canonical] = _Value(canonical, a.value, a.where, a.add, a.override)
     return list(by_key.values()), problems
 
 
@@ -180,7 +198,8 @@ def _unknown_key_message(v: _Value) -> str:
     known = list(SETTINGS) + list(ALIASES) + verl_keys.concrete_keys()
     guesses = difflib.get_close_matches(v.key, known, n=2, cutoff=0.75)
     hint = "; did you mean " + " or ".join(f"'{g}'" for g in guesses) + "?" if guesses else ""
-    return f"{v.where}: unknown key '{v.key}'{hint}"
+    where = f"override '{v.override}=…'" if v.override else v.where  # a mistyped trainer.env key: no value shown
+    return f"{where}: unknown key '{v.key}'{hint}"
 
 
 def _foreign(v: _Value, notes: dict[str, str]) -> str | None:
@@ -189,7 +208,7 @@ def _foreign(v: _Value, notes: dict[str, str]) -> str | None:
     if entry is None:
         return _unknown_key_message(v)
     if entry.refuses(v.value):
-        return f"{v.where}: {v.key}={v.value}: not offered here: {entry.reason}"
+        return f"{v.where}: {v.key}={masked(v.value, v.key)}: not offered here: {entry.reason}"
     if entry.refused:  # the switch of a feature not offered, set to off
         notes[v.key] = f"{v.key}={v.value}: no effect here (it would turn on a feature not offered: {entry.reason})"
     else:
@@ -212,8 +231,9 @@ def _apply(cfg: Any, v: _Value, from_file: bool, notes: dict[str, str]) -> str |
         OmegaConf.update(cfg, v.key, value, merge=True)
     except OmegaConfBaseException as e:
         expected = getattr(field, "type", "value")
-        reason = str(e).splitlines()[0]
-        return f"{v.where}: {v.key}={value!r} is not a valid {_type_name(expected)} ({reason})"
+        reason = "" if is_secret(v.key) else f" ({str(e).splitlines()[0]})"  # OmegaConf's reason quotes the value
+        shown = f"{shown_key(v.key)}={masked(value, v.key)!r}"
+        return f"{v.where}: {shown} is not a valid {_type_name(expected)}{reason}"
     return None
 
 
@@ -253,6 +273,8 @@ def load_config_with_notes(path: str | Path | None, overrides: list[str] = ()) -
         config = OmegaConf.to_object(cfg)
     except MissingMandatoryValue as e:  # verl's `???`: a value its config leaves to the user
         raise ConfigError([f"{e.full_key}: no value given (the config says ???); set it"]) from None
+    except InterpolationResolutionError as e:  # ${oc.env:NAME} (secrets.env_by_reference) with NAME unset
+        raise ConfigError([f"{e.full_key}: {str(e).splitlines()[0]}"]) from None
     problems += _normalise(config)
     if problems:
         raise ConfigError(problems)
@@ -311,8 +333,11 @@ def resolve_config_file(config: str | None, config_path: str | None, config_name
     )
 
 
-def to_yaml(cfg: GRPOConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+def to_yaml(cfg: GRPOConfig, mask_secrets: bool = True) -> str:
+    """The tree as YAML, to show or log: secret values as ``***`` (secrets.py). ``mask_secrets=False`` for a
+    config file that is to run."""
+    tree = OmegaConf.to_container(OmegaConf.structured(cfg))
+    return OmegaConf.to_yaml(masked(tree) if mask_secrets else tree)
 
 
 def to_flat_dict(cfg: GRPOConfig) -> dict[str, Any]:

@@ -5,6 +5,7 @@ memory estimate it computed on the way, so ``--dry-run`` can show them and the t
 start on the same rules.
 """
 
+import contextlib
 import copy
 import dataclasses
 import difflib
@@ -155,6 +156,31 @@ def _invalid_choice(key: str, value, valid) -> str:
     if feature is not None:
         return f"{key}={value}: not offered here: {feature}; valid: {list(valid)}"
     return f"{key}={value!r} is not valid; valid: {list(valid)}"
+
+
+def _numbers(value, key: str, nested: bool = False):
+    """(dotted key, float) for every float in a setting's value, through its dicts and lists, whose strings are
+    numbers too: overrides stay strings until megatron or transformers reads them (``"nan"`` is NaN there)."""
+    if isinstance(value, float):
+        yield key, value
+    elif isinstance(value, str) and nested:
+        with contextlib.suppress(ValueError):
+            yield key, float(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _numbers(v, f"{key}.{k}", True)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from _numbers(v, f"{key}[{i}]", True)
+
+
+def _check_finite(cfg: GRPOConfig, r: Report) -> None:
+    """Every float setting is a number. One rule for all: NaN fails every comparison, so each range check
+    below would pass it (``lr=nan`` trained a run into NaN weights), and infinity passes most."""
+    for key, _ in iter_settings():
+        for where, value in _numbers(_get(cfg, key), key):
+            if not math.isfinite(value):
+                r.errors.append(f"{where}={value}: not a finite number (NaN and infinity are refused)")
 
 
 def _check_choices(cfg: GRPOConfig, r: Report) -> None:
@@ -754,7 +780,21 @@ def _check_custom_reward(cfg: GRPOConfig, r: Report) -> None:
         r.errors.append(str(e))
 
 
+def _not_a_directory(path: str) -> Path | None:
+    """The existing file at ``path`` or above it, which keeps ``path`` from being (made) a directory."""
+    for where in (Path(path), *Path(path).parents):
+        if where.exists():
+            return None if where.is_dir() else where
+    return None
+
+
 def _check_paths(cfg: GRPOConfig, r: Report) -> None:
+    run_dir = cfg.trainer.default_local_dir
+    if (blocker := _not_a_directory(run_dir)) is not None:
+        r.errors.append(
+            f"trainer.default_local_dir={run_dir}: {blocker} is a file, not a directory; point it at a directory "
+            "for the run's checkpoints, logs and metrics"
+        )
     for path in cfg.data.train_files + cfg.data.val_files:
         if not Path(path).exists():
             r.warnings.append(f"data file {path} does not exist yet (write it with `grpo prepare`)")
@@ -800,6 +840,9 @@ def _check_launch(cfg: GRPOConfig, r: Report) -> None:
 def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
     """Every problem with ``cfg``; shape-dependent checks are skipped when the model could not be read."""
     r = Report()
+    _check_finite(cfg, r)
+    if r.errors:  # the other checks compute with these numbers
+        return r
     _check_choices(cfg, r)
     _check_precision(cfg, r)
     _check_checkpoint_contents(cfg, r)

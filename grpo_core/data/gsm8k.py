@@ -128,12 +128,30 @@ def _first_bad_json_line(path: Path) -> int | None:
     return None
 
 
+def _check_text(path: Path) -> None:
+    """A JSON lines file is UTF-8 and not empty: datasets loads bytes that are not UTF-8 (the conversion then fails
+    on them) and says only "StopIteration" of an empty file."""
+    empty = True
+    with path.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                bad = f"byte 0x{line[e.start]:02x}, the line's byte {e.start + 1}"
+                raise DataError(f"{path}: line {number} is not UTF-8 text ({bad}); save the file as UTF-8") from None
+            empty = empty and not line.strip()
+    if empty:
+        raise DataError(f"{path} is empty: no JSON lines")
+
+
 def _load_local(files: dict[str, list[Path]]) -> dict[str, datasets.Dataset]:
     import datasets
 
     loaded = {}
     for split, paths in files.items():
         fmt = "parquet" if paths[0].suffix == ".parquet" else "json"
+        if fmt == "json":
+            _check_text(paths[0])  # .jsonl is one file
         try:
             loaded[split] = datasets.load_dataset(fmt, data_files={split: list(map(str, paths))}, split=split)
         except Exception as exc:

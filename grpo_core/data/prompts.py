@@ -42,19 +42,68 @@ def load_rows(path: str | Path, limit: int | None = None, prompt_key: str = "pro
     import pyarrow.parquet as pq
 
     check_data_file(path, prompt_key)
-    table = pq.read_table(Path(path).expanduser())
+    table = _first_rows(pq.ParquetFile(Path(path).expanduser()), limit)
     if prompt_key != "prompt":
         names = [name for name in table.column_names if name != "prompt"]
         table = table.select(names).rename_columns(["prompt" if name == prompt_key else name for name in names])
-    if limit is not None:
-        table = table.slice(0, limit)
     return table.to_pylist()
+
+
+def _first_rows(parquet, limit: int | None):
+    """The file's first ``limit`` rows (all: None), read batch by batch: a few rows of a large file cost little."""
+    import pyarrow as pa
+
+    if limit is None:
+        return parquet.read()
+    batches, rows = [], 0
+    for batch in parquet.iter_batches(batch_size=max(limit, 1)):
+        batches.append(batch)
+        rows += batch.num_rows
+        if rows >= limit:
+            break
+    return pa.Table.from_batches(batches).slice(0, limit)
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     """The chat template's token ids, ready for the assistant's turn."""
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5 returns a BatchEncoding
+
+
+def _shown(value) -> str:
+    return f"{type(value).__name__} {repr(value)[:80]}"
+
+
+def read_row(tokenizer, row: dict, where: str, prompt_key: str = "prompt") -> tuple[list[int] | None, str]:
+    """What training takes from a row: its prompt's token ids (None without a ``tokenizer``) and its ground truth.
+    A column of the right name holding the wrong type is a DataError naming ``where`` (file and row) and the
+    column, not a template error from every rank."""
+    messages, reward = row.get("prompt"), row.get("reward_model")
+    if not (isinstance(messages, list) and messages and all(_is_message(m) for m in messages)):
+        expected = "expected a list of chat messages ({role, content})"
+        raise DataError(f"{where}, column {prompt_key}: {expected}, got {_shown(messages)}")
+    if not (isinstance(reward, dict) and "ground_truth" in reward):
+        raise DataError(f"{where}, column reward_model: expected a struct with a ground_truth, got {_shown(reward)}")
+    ids = None
+    if tokenizer is not None:
+        try:
+            ids = chat_prompt_ids(tokenizer, messages)
+        except Exception as e:  # jinja2's errors, or a TypeError from a message's fields
+            reason = (str(e).strip().splitlines() or [""])[0][:200]
+            fails = f"the tokenizer's chat template fails on it: {type(e).__name__}: {reason}"
+            raise DataError(f"{where}, column {prompt_key}: {fails}") from None
+    return ids, str(reward["ground_truth"])
+
+
+def _is_message(message) -> bool:
+    return isinstance(message, dict) and isinstance(message.get("role"), str) and message.get("content") is not None
+
+
+def check_prompt_rows(path: str | Path, tokenizer, prompt_key: str = "prompt", rows: int = 8) -> None:
+    """The first ``rows`` rows of a file through ``read_row``, as ``load_prompts`` reads them: before any rank
+    starts, cheaply (a few rows, not the file)."""
+    for number, row in enumerate(load_rows(path, rows, prompt_key)):
+        read_row(tokenizer, row, f"{Path(path).expanduser()}: row {number}", prompt_key)
 
 
 @dataclass(frozen=True)
@@ -103,8 +152,8 @@ def load_prompts(
     (``truncation``), or rejected with a DataError naming the first one."""
     prompts, dropped = [], 0
     for path in files:
-        for row in load_rows(path, limit, prompt_key):
-            ids = chat_prompt_ids(tokenizer, row["prompt"])
+        for number, row in enumerate(load_rows(path, limit, prompt_key)):
+            ids, ground_truth = read_row(tokenizer, row, f"{path}: row {number}", prompt_key)
             if len(ids) > max_prompt_length:
                 if filter_overlong:
                     dropped += 1
@@ -120,7 +169,7 @@ def load_prompts(
                 Prompt(
                     ids=ids,
                     data_source=row.get("data_source") or "",
-                    ground_truth=str(row["reward_model"]["ground_truth"]),
+                    ground_truth=ground_truth,
                     index=len(prompts) + dropped,
                     extra_info=row.get("extra_info"),
                 )

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_core.config.secrets import env_by_reference
+from grpo_core.quiet import Tracebacks, is_marked
+
 TRAINER_MODULE = "grpo_core.trainer.main_ppo"
 
 
@@ -85,9 +88,11 @@ def _get(obj: Any, key: str, default: Any = ...) -> Any:
 def trainer_command(
     config_path: str | Path | None, overrides: Sequence[str] = (), python: str = sys.executable
 ) -> list[str]:
-    """``python -m grpo_core.trainer.main_ppo [--config FILE] key=value ...``: what every rank runs."""
+    """``python -m grpo_core.trainer.main_ppo [--config FILE] key=value ...``: what every rank runs. A
+    ``trainer.env`` value is not on it (``ps`` shows it to everyone): the rank reads it from the environment that
+    ``JobShape.env`` exports (``+trainer.env.NAME=${oc.env:NAME}``, config/secrets.py)."""
     config = ["--config", str(config_path)] if config_path is not None else []
-    return [python, "-m", TRAINER_MODULE, *config, *overrides]
+    return [python, "-m", TRAINER_MODULE, *config, *env_by_reference(overrides)]
 
 
 @dataclass(frozen=True)
@@ -101,12 +106,13 @@ class RankFailure:
     error_file: str | None  # the rank's error.json, written only under torch's @record
     node_label: str = ""  # srun --label prefix of the lines it came from, if any
 
-    def describe(self) -> str:
+    def describe(self, said: str = "") -> str:
+        """One line; ``said``: what the rank itself said stopped it, when its error file says nothing."""
         how = f"exited with code {self.exit_code}"
         if -self.exit_code in signal.Signals.__members__.values():
             how = f"was killed by {signal.Signals(-self.exit_code).name} (exit code {self.exit_code})"
         what = f"rank {self.rank} (local rank {self.local_rank}) {how}"
-        message = error_file_message(self.error_file)
+        message = error_file_message(self.error_file) or said
         return f"{what}: {message}" if message else what
 
 
@@ -172,6 +178,13 @@ def rank_lines(log_text: str, failure: RankFailure, lines: int = 40) -> str:
     return "\n".join(own[-lines:])
 
 
+def error_line(log_text: str) -> str:
+    """The last ``error: …`` line of a rank's own log, without ``error: ``: the CLI's one-line report of what
+    stopped it (a full disk, a bad input); '' when it printed none."""
+    lines = [line for line in log_text.splitlines() if line.startswith("error: ")]
+    return lines[-1][len("error: ") :].strip() if lines else ""
+
+
 def error_file_message(path: str | Path | None) -> str:
     """The exception message in a torch elastic error file (``{"message": {"message": ...}}``), or ''."""
     if not path or not Path(path).is_file():
@@ -187,12 +200,15 @@ def error_file_message(path: str | Path | None) -> str:
 
 
 def tail(path: Path, lines: int = 40) -> str:
-    """The last ``lines`` lines of a text file ('' if it does not exist)."""
+    """The last ``lines`` lines of a log ('' if it does not exist) without library chatter and the frames of
+    tracebacks (quiet.py), which stay in the file: they would crowd out what the ranks said last."""
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
-            f.seek(max(0, f.tell() - 256 * lines))
+            f.seek(max(0, f.tell() - 1024 * lines))
             text = f.read().decode(errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+    tracebacks = Tracebacks()
+    shown = [line for line in text.splitlines() if not (is_marked(line) or tracebacks.hides(line))]
+    return "\n".join(shown[-lines:])

@@ -5,8 +5,8 @@ the pipeline's train task call.
 each node calls this with its ``launch.node_rank`` and the shared ``launch.rdzv_endpoint``/``rdzv_id``).
 ``launch.launcher=slurm`` submits the whole job once, from any node, and follows it. Logs go under
 ``<trainer.default_local_dir>/launch/``; ``echo`` copies the node's (or the Slurm job's) log to stderr as it
-grows, so an interactive run still shows its per-step lines; library chatter the ranks marked (quiet.py)
-stays in the log only.
+grows, so an interactive run still shows its per-step lines; library chatter the ranks marked and tracebacks
+(quiet.py) stay in the log only.
 
 Simplification: Slurm's rendezvous port is the port of ``launch.rdzv_endpoint`` when one is set (its host
 is ignored: the job's first node hosts the rendezvous), else torchrun's usual 29500.
@@ -19,10 +19,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from grpo_core.launch import slurm, torchrun
+from grpo_core.launch import run_lock, slurm, torchrun
 from grpo_core.launch.common import trainer_command
 from grpo_core.polling import polling
-from grpo_core.quiet import is_marked
+from grpo_core.quiet import Tracebacks, is_marked
 
 SLURM_DEFAULT_PORT = 29500
 
@@ -65,6 +65,8 @@ def run_training(
         return log_dir
     multi_node = cfg.trainer.nnodes > 1
     node_rank = launch_cfg.node_rank if multi_node else 0
+    run_dir = cfg.trainer.default_local_dir  # its members lock, when this process holds it: the agent inherits it
+    members = run_lock.members_fd(run_dir)  # and each rank takes a share of its own (launch/run_lock.py)
     node_log = torchrun.NodeLogs(log_dir, node_rank).node_log
     node_log.unlink(missing_ok=True)  # so the echo never shows the last run's log
     with _echoing(echo, lambda: node_log if node_log.exists() else None):
@@ -75,10 +77,11 @@ def run_training(
             node_rank=node_rank,
             rdzv_endpoint=launch_cfg.rdzv_endpoint if multi_node else None,
             rdzv_id=launch_cfg.rdzv_id,
-            extra_env=extra_env,
+            extra_env={**(extra_env or {}), **run_lock.members_env(run_dir)},
             timeout_s=launch_cfg.timeout_s if launch_cfg.timeout_s is not None else float("inf"),
             stuck_s=stuck_s,
             stop_grace_s=launch_cfg.stop_grace_s,
+            pass_fds=() if members is None else (members,),
         )
     return log_dir
 
@@ -99,12 +102,14 @@ def _echoing(enabled: bool, find: Callable[[], Path | None], poll_s: float = 0.2
 
 
 class LogEcho:
-    """Copies whole lines of a growing file (the last one too, at the end) that are not library chatter."""
+    """Copies whole lines of a growing file (the last one too, at the end) that are not library chatter or
+    tracebacks (the launcher reports a failure in one line)."""
 
     def __init__(self, find: Callable[[], Path | None], out: TextIO):
         self.find, self.out = find, out
         self.path, self.offset, self.partial = None, 0, ""
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a read may end inside a character
+        self.tracebacks = Tracebacks()
 
     def copy(self, last: bool) -> None:
         self.path = self.path or self.find()
@@ -121,6 +126,6 @@ class LogEcho:
         self.partial = lines.pop()
         if last and self.partial:
             lines, self.partial = [*lines, self.partial], ""
-        if text := "".join(line + "\n" for line in lines if not is_marked(line)):
+        if text := "".join(line + "\n" for line in lines if not (is_marked(line) or self.tracebacks.hides(line))):
             self.out.write(text)
             self.out.flush()

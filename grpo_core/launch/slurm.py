@@ -8,10 +8,13 @@ the exit code, the first failed rank that torchrun reported and the job log's ta
 COMPLETED. ``launch`` does all three for a config.
 
 Assumptions: the job log, the log directory and the interpreter of the command are on a file system every
-node and this process share, and the first node's ``NodeAddr`` is reachable from the others.
+node and this process share, and the first node's ``NodeAddr`` is reachable from the others. ``trainer.env``
+reaches the job through sbatch's environment (its default ``--export=ALL``), not the script: the script is a
+file in the run directory, and those values are secrets (config/secrets.py); it checks that each arrived.
 """
 
 import logging
+import os
 import re
 import shlex
 import subprocess
@@ -49,7 +52,8 @@ def sbatch_script(
     workdir: str | Path | None = None,
 ) -> str:
     """The batch script: ``shape.nnodes`` nodes with one task each (and ``shape.nproc_per_node`` GPUs each on
-    cuda), the config's environment exported, and ``srun`` starting torchrun on every node.
+    cuda), ``extra_env`` exported, the config's environment (``shape.env``, which ``submit`` passes to sbatch)
+    checked by name, and ``srun`` starting torchrun on every node.
     ``stop_warning_s``: Slurm sends SIGUSR1 that long before the time limit, and the ranks finish their step,
     save it and stop (trainer/stop.py). ``sbatch_options`` are further ``#SBATCH`` options, e.g.
     ``["--partition=gpu", "--exclusive"]``."""
@@ -63,7 +67,7 @@ def sbatch_script(
         rdzv_timeout_s=rdzv_timeout_s,
         log_dir=rank_log_dir,
     )
-    python, torchrun_args = argv[0], argv[3:]  # argv = [python, -m, torch.distributed.run, *torchrun_args]
+    python, torchrun_args = argv[0], argv[3:]  # argv = [python, -m, the agent's module, *torchrun_args]
     expanded = {f"--nnodes={_NNODES}", f"--rdzv-endpoint={_ENDPOINT_HOST}:{port}", f"--rdzv-id={_RDZV_ID}"}
     words = [w if w in expanded else shlex.quote(w) for w in torchrun_args]
 
@@ -87,7 +91,9 @@ def sbatch_script(
             raise ValueError(f"not an environment variable name: {key!r}")
 
     lines = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(o)}" for o in options), "set -euo pipefail", ""]
-    lines += [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
+    extra = extra_env or {}
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in extra.items()]
+    lines += [f': "${{{key}?not passed on by sbatch (trainer.env.{key})}}"' for key in shape.env if key not in extra]
     lines += [
         "",
         "# Rendezvous on the first node of the allocation, at the address Slurm itself reaches it by.",
@@ -107,9 +113,9 @@ def sbatch_script(
     return "\n".join(lines)
 
 
-def submit(script_path: str | Path) -> str:
-    """``sbatch --parsable SCRIPT`` -> the job id."""
-    out = _run(["sbatch", "--parsable", str(script_path)])
+def submit(script_path: str | Path, env: Mapping[str, str] | None = None) -> str:
+    """``sbatch --parsable SCRIPT`` with ``env`` added to its environment (which the job inherits) -> the job id."""
+    out = _run(["sbatch", "--parsable", str(script_path)], env)
     return out.strip().split(";")[0]  # "ID" or "ID;cluster"
 
 
@@ -238,9 +244,10 @@ def launch(
     logs go under ``log_dir/ranks/``. Raises ``LaunchError`` unless the job ends COMPLETED."""
     log_dir = Path(log_dir).resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
+    shape = JobShape.from_config(cfg)
     script = sbatch_script(
         command,
-        JobShape.from_config(cfg),
+        shape,
         log_path=log_dir / "slurm-%j.log",
         job_name=job_name,
         time_limit_min=time_limit_min,
@@ -253,13 +260,13 @@ def launch(
     )
     script_path = log_dir / "job.sbatch"
     script_path.write_text(script)
-    job_id = submit(script_path)
+    job_id = submit(script_path, shape.env)
     log.info("submitted Slurm job %s (log: %s)", job_id, log_dir / f"slurm-{job_id}.log")
     return follow(job_id, log_dir / f"slurm-{job_id}.log", timeout_s=timeout_s, stuck_s=stuck_s, poll_s=poll_s)
 
 
-def _run(cmd: list[str]) -> str:
-    result = subprocess.run(cmd, capture_output=True, text=True)
+def _run(cmd: list[str], env: Mapping[str, str] | None = None) -> str:
+    result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env} if env else None)
     if result.returncode != 0:
         raise LaunchError(
             f"{shlex.join(cmd)} failed ({result.returncode}): {result.stderr.strip() or result.stdout.strip()}",

@@ -8,13 +8,15 @@ output) to ``node{R}.log``, and raises ``LaunchError`` naming the first failed r
 Never a hang: an overall timeout and a "stuck" guard (no new output in the node log and no touch of the
 heartbeat file for ``stuck_s`` seconds) stop the job. The timeout, and SIGTERM or Ctrl-C to this process, first
 ask the ranks to stop: they get SIGTERM (the agent does not: it would give them only 30 s), finish the step in
-flight, save it and exit; after ``stop_grace_s`` they are killed (a second Ctrl-C kills at once).
+flight, save it and exit; after ``stop_grace_s`` they are killed (a second Ctrl-C kills at once). Ranks still
+setting up die of the SIGTERM (trainer/stop.py: nothing to save yet), and the error says so.
 
 Everything the job started is killed at the end, whether it succeeded or not: the agent's process group, and
 every process that carries this launch's ``GRPO_LAUNCH_ID`` in its environment (torchrun starts each rank in a
 session of its own, so a kill of the agent's group alone would miss them). Should this process itself be killed
-outright (SIGKILL from a Prefect worker cancelling a flow run, the OOM killer), the agent gets SIGTERM from the
-kernel (``PR_SET_PDEATHSIG``) and stops its ranks.
+outright (SIGKILL from a Prefect worker cancelling a flow run, the OOM killer), the agent gets SIGTERM once
+(launch/agent.py; any other command started here gets it from the kernel, ``PR_SET_PDEATHSIG``) and stops its
+ranks, which save the step in flight and keep the run directory until they end (launch/run_lock.py).
 
 Simplification: the stuck guard watches output, not progress; a trainer that is silent for longer than
 ``stuck_s`` (a long checkpoint save, say) should touch ``$GRPO_HEARTBEAT_FILE``.
@@ -36,10 +38,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_core.launch.common import JobShape, LaunchError, first_failure, parse_root_causes, tail
+from grpo_core.config.secrets import masked_command
+from grpo_core.launch import rendezvous
+from grpo_core.launch.agent import LAUNCHER_PID_VAR
+from grpo_core.launch.common import (
+    JobShape,
+    LaunchError,
+    RankFailure,
+    error_line,
+    first_failure,
+    parse_root_causes,
+    tail,
+)
 
 log = logging.getLogger(__name__)
 
+AGENT_MODULE = "grpo_core.launch.agent"  # torchrun, stopped once when its launcher dies (launch/agent.py)
 LAUNCH_ID_VAR = "GRPO_LAUNCH_ID"
 HEARTBEAT_VAR = "GRPO_HEARTBEAT_FILE"
 
@@ -59,30 +73,33 @@ def torchrun_argv(
     """torchrun's command line for ``command`` (``[python, -m, module, args...]``, ``[python, script.py, ...]``
     or any other program, which runs with ``--no-python``).
 
-    One node without an endpoint: ``--standalone``. Otherwise a c10d rendezvous at ``rdzv_endpoint``
-    (HOST:PORT, reachable from every node) that waits up to ``rdzv_timeout_s`` for all ``nnodes`` agents.
-    ``node_rank=None`` leaves ``--node-rank`` out (Slurm sets it per task). With ``log_dir``, each rank's
-    stdout/stderr also go to ``log_dir/<rdzv_id>_*/attempt_0/<local_rank>/``. torchrun itself runs on the
-    command's interpreter, so the ranks get the same one.
+    One node without an endpoint: the project's rendezvous (launch/rendezvous.py) on 127.0.0.1 at a free port,
+    nothing listening beyond loopback. Otherwise a rendezvous at ``rdzv_endpoint`` (HOST:PORT, reachable from
+    every node) that waits up to ``rdzv_timeout_s`` for all ``nnodes`` agents: the project's, listening on
+    that address only, with node 0 giving it as its address to the ranks; torch's own c10d when
+    ``node_rank=None`` (Slurm sets the node rank per task, and each node's address is Slurm's). With
+    ``log_dir``, each rank's stdout/stderr also go to ``log_dir/<rdzv_id>_*/attempt_0/<local_rank>/``.
+    torchrun itself runs on the command's interpreter, so the ranks get the same one.
     """
     if not command:
         raise ValueError("empty command")
     python, target = _split_python(command)
-    argv = [python, "-m", "torch.distributed.run"]
+    argv = [python, "-m", AGENT_MODULE, f"--nnodes={nnodes}"]
     if nnodes == 1 and rdzv_endpoint is None:
-        argv.append("--standalone")
+        rdzv_endpoint, node_rank = f"{rendezvous.LOOPBACK}:0", 0
+    elif rdzv_endpoint is None:
+        raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint (HOST:PORT of the rendezvous)")
+    if node_rank is not None:
+        argv += [f"--node-rank={node_rank}", f"--rdzv-backend={rendezvous.BACKEND}"]
+        if node_rank == 0:  # the ranks' store listens where the rendezvous does
+            argv.append(f"--local-addr={rdzv_endpoint.rsplit(':', 1)[0].strip('[]')}")
     else:
-        if rdzv_endpoint is None:
-            raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint (HOST:PORT of the rendezvous)")
-        argv.append(f"--nnodes={nnodes}")
-        if node_rank is not None:
-            argv.append(f"--node-rank={node_rank}")
-        argv += [
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={rdzv_endpoint}",
-            f"--rdzv-id={rdzv_id}",
-            f"--rdzv-conf=join_timeout={rdzv_timeout_s}",
-        ]
+        argv.append("--rdzv-backend=c10d")
+    argv += [
+        f"--rdzv-endpoint={rdzv_endpoint}",
+        f"--rdzv-id={rdzv_id}",
+        f"--rdzv-conf=join_timeout={rdzv_timeout_s}",
+    ]
     argv += [f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}"]
     if log_dir is not None:
         argv += [f"--log-dir={log_dir}", "--tee=3"]
@@ -148,6 +165,7 @@ def launch(
     stuck_s: float | None = 1800,
     stop_grace_s: float = 300.0,
     rdzv_timeout_s: int = 600,
+    pass_fds: Sequence[int] = (),
 ) -> NodeRun:
     """Run ``command`` on every rank of this node, shaped by ``cfg.trainer`` (``nnodes``, ``n_gpus_per_node``,
     ``env``). With ``trainer.nnodes > 1`` call this once on each node with its ``node_rank`` and the same
@@ -164,8 +182,11 @@ def launch(
         rdzv_timeout_s=rdzv_timeout_s,
         log_dir=logs.rank_dir,
     )
-    env = {**shape.env, **(extra_env or {})}
-    return run_node(argv, logs, env=env, timeout_s=timeout_s, stuck_s=stuck_s, stop_grace_s=stop_grace_s)
+    single_node = shape.nnodes == 1 and rdzv_endpoint is None
+    env = {**(rendezvous.loopback_env() if single_node else {}), **shape.env, **(extra_env or {})}
+    return run_node(
+        argv, logs, env=env, timeout_s=timeout_s, stuck_s=stuck_s, stop_grace_s=stop_grace_s, pass_fds=pass_fds
+    )
 
 
 def run_node(
@@ -178,8 +199,10 @@ def run_node(
     stop_grace_s: float = 300.0,
     grace_s: float = 10.0,
     poll_s: float = 0.5,
+    pass_fds: Sequence[int] = (),
 ) -> NodeRun:
-    """Run a torchrun command line with ``env`` added to this process's environment; see the module docstring."""
+    """Run a torchrun command line with ``env`` added to this process's environment and ``pass_fds`` open in
+    it (the run's members lock: launch/run_lock.py); see the module docstring."""
     launch_id = uuid.uuid4().hex
     logs.root.mkdir(parents=True, exist_ok=True)
     for stale in (logs.error_file, logs.heartbeat):
@@ -188,13 +211,15 @@ def run_node(
         **os.environ,
         **(env or {}),
         LAUNCH_ID_VAR: launch_id,
+        LAUNCHER_PID_VAR: str(os.getpid()),
         HEARTBEAT_VAR: str(logs.heartbeat),
         "TORCHELASTIC_ERROR_FILE": str(logs.error_file),
     }
-    log.info("node %d: %s (log: %s)", logs.node_rank, shlex.join(argv), logs.node_log)
+    shown = shlex.join(masked_command(argv))  # secret-looking values as *** (config/secrets.py)
+    log.info("node %d: %s (log: %s)", logs.node_rank, shown, logs.node_log)
     start = time.monotonic()
     with open(logs.node_log, "w") as out:
-        out.write(f"$ {shlex.join(argv)}\n")
+        out.write(f"$ {shown}\n")
         out.flush()
         proc = subprocess.Popen(
             argv,
@@ -204,6 +229,7 @@ def run_node(
             env=full_env,
             start_new_session=True,
             preexec_fn=_in_the_agent_before_exec,
+            pass_fds=tuple(pass_fds),
         )
         try:
             with _stop_requests() as asked:
@@ -217,12 +243,7 @@ def run_node(
     seconds = time.monotonic() - start
     if guard is not None:
         kind, why = guard
-        if returncode == 0:
-            ended = f"the ranks saved their last step and stopped after {seconds:.0f} s"
-        elif returncode is None:
-            ended = f"killed the job after {seconds:.0f} s"
-        else:
-            ended = f"the ranks exited with code {returncode} after {seconds:.0f} s"
+        ended = _how_they_ended(returncode, seconds, _node_failure(logs), _forwarded(asked))
         raise LaunchError(
             f"node {logs.node_rank}: {kind}: {why}; {ended} (log: {logs.node_log})",
             kind=kind,
@@ -235,6 +256,25 @@ def run_node(
     if returncode != 0:
         raise failure_error(returncode, logs)
     return NodeRun(logs.node_rank, logs.node_log, seconds)
+
+
+def _how_they_ended(returncode: int | None, seconds: float, failure: RankFailure | None, signum: int) -> str:
+    """How the ranks ended after a stop request, the timeout or the stuck guard (``signum``: what they were sent)."""
+    if returncode == 0:
+        return f"the ranks saved their last step and stopped after {seconds:.0f} s"
+    if returncode is None:
+        return f"killed the job after {seconds:.0f} s"
+    if failure is not None and failure.exit_code == -signum:  # the trainer takes it once set up (trainer/stop.py)
+        return f"the ranks were still starting: {failure.describe()} after {seconds:.0f} s; nothing was saved"
+    if failure is not None:
+        return f"{failure.describe()} after {seconds:.0f} s"
+    return f"the ranks exited with code {returncode} after {seconds:.0f} s"
+
+
+def _node_failure(logs: NodeLogs) -> RankFailure | None:
+    """The first failed rank of torchrun's report in the node log, if it wrote one."""
+    text = logs.node_log.read_text(errors="replace") if logs.node_log.exists() else ""
+    return first_failure(parse_root_causes(text))
 
 
 def _wait(
@@ -405,7 +445,7 @@ def failure_error(returncode: int, logs: NodeLogs) -> LaunchError:
         )
     rank_log, rank_tail = rank_log_tail(logs.rank_dir, failure.local_rank)
     return LaunchError(
-        f"node {logs.node_rank}: {failure.describe()} (log: {rank_log or logs.node_log})",
+        f"node {logs.node_rank}: {failure.describe(error_line(rank_tail))} (log: {rank_log or logs.node_log})",
         kind="failed",
         failure=failure,
         node_rank=logs.node_rank,

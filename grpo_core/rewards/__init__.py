@@ -45,3 +45,11 @@ def build_scorer(cfg) -> Scorer:
         return fn(solution_str, ground_truth, method=rm.method, format_score=rm.format_score, score=rm.score)
 
     return score_builtin
+
+
+def reward_name(cfg, data_source: str) -> str:
+    """The function that scores ``data_source``'s responses, in words (for an error about its value)."""
+    custom = cfg.custom_reward_function
+    if custom.path:
+        return f"custom_reward_function {custom.path}:{custom.name}"
+    return f"the built-in reward of data_source {data_source!r}"

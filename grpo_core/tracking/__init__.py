@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from grpo_core.atomic import write_text_atomic
+from grpo_core.config.secrets import hide_url_passwords
 from grpo_core.tracking.mlflow_run import RUN_ID_VAR, MlflowRun, tracking_uri
 
 logger = logging.getLogger(__name__)
@@ -148,7 +149,8 @@ def _new_run(uri: str, trainer, pending: Path) -> MlflowRun:
     try:
         return MlflowRun.create(uri, trainer.project_name, trainer.experiment_name, pending_file=pending)
     except Exception as e:  # noqa: BLE001  (any transport or server error)
-        logger.warning("MLflow at %s does not answer (%s); the run is sent when it does", uri, type(e).__name__)
+        shown = hide_url_passwords(uri)
+        logger.warning("MLflow at %s does not answer (%s); the run is sent when it does", shown, type(e).__name__)
         tags = {"mlflow.runName": trainer.experiment_name}
         return MlflowRun.deferred(uri, trainer.project_name, uuid.uuid4().hex[:16], tags, pending_file=pending)
 

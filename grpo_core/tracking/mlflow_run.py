@@ -15,10 +15,11 @@ that key (``KEY_TAG``) or creates it, so the pipeline, its trainer and a later s
 import json
 import logging
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
+
+from grpo_core.config.secrets import hide_url_passwords, masked
 
 logger = logging.getLogger(__name__)
 
@@ -34,21 +35,8 @@ REJECTED = {
     "INVALID_STATE",
     "PERMISSION_DENIED",
 }
-SECRET = re.compile(r"password|secret|api_?key|access_?key|credential|(^|_)token$", re.IGNORECASE)
 MAX_PARAMS_PER_BATCH = 100  # MLflow's limit per log_batch
 MAX_PARAM_LENGTH = 6000
-
-
-def mask_secrets(params: dict[str, Any]) -> dict[str, Any]:
-    """Values of secret-looking keys as ``***``, also inside dict values (a flattened config keeps
-    ``trainer.env`` whole, so its ``WANDB_API_KEY`` is a key of the dict): what every sink logs."""
-
-    def mask(key: str, value: Any) -> Any:
-        if SECRET.search(key.rsplit(".", 1)[-1]):
-            return "***"
-        return {k: mask(str(k), v) for k, v in value.items()} if isinstance(value, dict) else value
-
-    return {k: mask(k, v) for k, v in params.items()}
 
 
 def tracking_uri(cfg) -> str:
@@ -133,6 +121,11 @@ class MlflowRun:
         return run
 
     @property
+    def shown_uri(self) -> str:
+        """The tracking URI as messages and the pending file show it: a database URL's password hidden."""
+        return hide_url_passwords(self.tracking_uri)
+
+    @property
     def is_deferred(self) -> bool:
         return self.run_id.startswith(DEFERRED)
 
@@ -146,10 +139,11 @@ class MlflowRun:
         self._send("log_batch", {"metrics": batch})
 
     def log_params(self, params: dict[str, Any]) -> None:
-        """Values of secret-looking keys (``trainer.env.WANDB_API_KEY``, say) are logged as ``***``."""
+        """Secret values (every ``trainer.env`` value, ``*_token``, a URL's password: config/secrets.py) are logged
+        as ``***``; so the pending file never holds them either."""
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in mask_secrets(params).items()]
+        items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in masked(params).items()]
         for first in range(0, len(items), MAX_PARAMS_PER_BATCH):
             self._send("log_batch", {"params": items[first : first + MAX_PARAMS_PER_BATCH]})
 
@@ -199,7 +193,7 @@ class MlflowRun:
                     self._down_since = time.monotonic()
                     logger.warning(
                         "MLflow at %s did not take a %s call (%s); queueing and retrying every %g s",
-                        self.tracking_uri,
+                        self.shown_uri,
                         method,
                         _short(e),
                         self.retry_s,
@@ -208,7 +202,7 @@ class MlflowRun:
                 return False
             self.queue.pop(0)
         if self._down_since is not None:
-            logger.warning("MLflow at %s is back; flushed the queued calls", self.tracking_uri)
+            logger.warning("MLflow at %s is back; flushed the queued calls", self.shown_uri)
             self._down_since = None
         return True
 
@@ -233,10 +227,10 @@ class MlflowRun:
             with self.pending_file.open("a") as f:
                 for method, kwargs in self.queue:
                     record = {"run_id": self.run_id, "method": method, "args": _plain(kwargs)}
-                    f.write(json.dumps({**record, "tracking_uri": self.tracking_uri}) + "\n")
+                    f.write(json.dumps({**record, "tracking_uri": self.shown_uri}) + "\n")
         logger.warning(
             "MLflow at %s is unreachable: %d call(s) not sent%s",
-            self.tracking_uri,
+            self.shown_uri,
             len(self.queue),
             f"; written to {self.pending_file} (`grpo tracking sync {self.pending_file.parent}` sends them later)"
             if self.pending_file

@@ -18,12 +18,14 @@ from pathlib import Path
 
 from grpo_core.config.load import to_flat_dict, to_yaml
 from grpo_core.config.schema import GRPOConfig
+from grpo_core.config.secrets import hide_url_passwords
 from grpo_core.evaluation.gsm8k import compare_evaluations, paired_outcomes, read_samples
 from grpo_core.evaluation.stats import format_uplift, mean_difference, paired_uplift, verdict
 from grpo_core.tracking import METRICS_FILE
 from grpo_core.tracking.mlflow_run import KEY_TAG, MlflowRun, quick_http, tracking_uri
 from grpo_core.tracking.plots import Curves, eval_points, plot_curves, plot_run
 from grpo_core.tracking.promotion import BASE_MODEL, CHALLENGER, Promotion, decide
+from grpo_core.tracking.registry import provenance_tags
 from grpo_core.tracking.sync import PENDING_FILE
 
 logger = logging.getLogger(__name__)
@@ -93,7 +95,7 @@ def open_pipeline_run(cfg: GRPOConfig, key: str, tags: dict[str, str], local_dir
         logger.warning(
             "MLflow at %s does not answer (%s); training goes on and its tracking is sent when the server is "
             "back, else kept in %s",
-            uri,
+            hide_url_passwords(uri),
             str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__,
             pending,
         )
@@ -108,7 +110,7 @@ def open_pipeline_run(cfg: GRPOConfig, key: str, tags: dict[str, str], local_dir
     run.log_params(to_flat_dict(cfg))
     local_dir.mkdir(parents=True, exist_ok=True)
     resolved = local_dir / "resolved_config.yaml"
-    resolved.write_text(to_yaml(cfg))
+    resolved.write_text(to_yaml(cfg))  # secrets as *** (config/secrets.py), as in the params
     run.log_artifact(resolved)
     return run
 
@@ -134,9 +136,9 @@ def run_url(run: MlflowRun) -> str:
         info = None
     if info is None:
         where = run.pending_file.parent if run.pending_file else "RUN_DIR"
-        return f"not sent yet: MLflow at {run.tracking_uri} is unreachable (`grpo tracking sync {where}` sends it)"
+        return f"not sent yet: MLflow at {run.shown_uri} is unreachable (`grpo tracking sync {where}` sends it)"
     path = f"#/experiments/{info.experiment_id}/runs/{run.run_id}"
-    uri = run.tracking_uri
+    uri = run.shown_uri
     if uri.startswith(("http://", "https://")):
         return f"{uri.rstrip('/')}/{path}"
     return f"`mlflow ui --backend-store-uri {uri}` then http://127.0.0.1:5000/{path}"
@@ -246,7 +248,7 @@ def record_results(
         if not champion_known:
             reason = f"{promotion.reason}; the registry's champion could not be read, so nothing is promoted"
             promotion = replace(promotion, alias=CHALLENGER, reason=reason)
-        summary.model_version, promotion = register_model(run, cfg, model_dir, promotion)
+        summary.model_version, promotion = register_model(run, cfg, model_dir, promotion, Path(checkpoint))
         summary.champion, summary.promotion = promotion.promoted, promotion.alias
         summary.promotion_reason = promotion.reason
         run.set_tags(promotion.tags())
@@ -266,15 +268,21 @@ def promotion_of(cfg: GRPOConfig, eval_dirs: dict[str, Path], champion_version: 
     return decide(comparison, against, t.champion_min_uplift, t.champion_alpha)
 
 
-def register_model(run: MlflowRun, cfg: GRPOConfig, model_dir: Path, promotion: Promotion) -> tuple[str, Promotion]:
+def register_model(
+    run: MlflowRun, cfg: GRPOConfig, model_dir: Path, promotion: Promotion, checkpoint: Path | None = None
+) -> tuple[str, Promotion]:
     """The exported model as a run artifact and a new registry version, aliased and tagged as ``promotion``
-    says. A re-run of the same pipeline run finds its version instead of registering the model again; the
-    version is "pending" while the server is away (the registration waits in the run's queue)."""
+    says, with the digests of its files and of its checkpoint's manifest (on the run too: a warm start from the
+    version checks its files against them). A re-run of the same pipeline run finds its version instead of
+    registering the model again; the version is "pending" while the server is away (the registration waits in
+    the run's queue)."""
     name = cfg.tracking.registered_model_name or cfg.trainer.project_name
     if existing := registered_version(run.client, name, run.run_id):
         return existing
+    provenance = provenance_tags(model_dir, checkpoint)
+    run.set_tags(provenance)
     run.log_artifact(model_dir, "model")
-    version = run.register_model(name, promotion.tags(), promotion.alias)
+    version = run.register_model(name, {**promotion.tags(), **provenance}, promotion.alias)
     return version or "pending", promotion
 
 

@@ -8,6 +8,7 @@ and the pipeline's keys (which contain the path) change exactly when the version
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from grpo_core.tracking.mlflow_run import quick_http
 
+logger = logging.getLogger(__name__)
 URI_PREFIX = "models:/"
 MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>[0-9]+))/?$")
 DEFAULT_CACHE = Path("~/.cache/grpo/models")
@@ -135,7 +137,48 @@ def fetch_model(uri: str, tracking_uri: str, cache_dir: str | None = None) -> Re
             if not (local / "config.json").is_file():
                 raise
         shutil.rmtree(partial, ignore_errors=True)
+    check_provenance(uri, found, local)
     return RegistryModel(uri, found.name, str(found.version), found.source, found.run_id, local)
+
+
+MODEL_DIGEST_TAG = "grpo.model_sha256"  # of the registered files: what a fetch checks its copy against
+CHECKPOINT_DIGEST_TAG = "grpo.checkpoint_manifest_sha256"  # of the manifest of the checkpoint they came from
+
+
+def files_digest(directory: Path) -> str:
+    """SHA-256 over every file under ``directory`` (its relative path, size and SHA-256). Unlike a checkpoint's
+    manifest (xxh3, beside the files), this is recorded on the tracking server, out of reach of whoever can
+    write the artifact store or the local cache, and it is a cryptographic hash."""
+    lines = []
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        lines.append(f"{path.relative_to(directory)}\0{path.stat().st_size}\0{digest}\n")
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def provenance_tags(model_dir: Path, checkpoint: Path | None) -> dict[str, str]:
+    """What a registered version records of where it came from (the checkpoint's manifest, when it has one)."""
+    tags = {MODEL_DIGEST_TAG: files_digest(model_dir)}
+    if checkpoint is not None and (manifest := checkpoint / "manifest.json").is_file():
+        tags[CHECKPOINT_DIGEST_TAG] = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    return tags
+
+
+def check_provenance(uri: str, version, local: Path) -> None:
+    """RegistryError when the local copy of ``version`` is not the files it was registered with; a version
+    registered before digests were recorded is not checked (a warning says so)."""
+    recorded = (version.tags or {}).get(MODEL_DIGEST_TAG)
+    if recorded is None:
+        logger.warning("warning: %s: version %s records no %s; its files are not checked", uri, version.version,
+                       MODEL_DIGEST_TAG)  # fmt: skip
+        return
+    if (found := files_digest(local)) != recorded:
+        raise RegistryError(
+            f"{uri}: the files of version {version.version} ({local}) are not those it was registered with "
+            f"({MODEL_DIGEST_TAG} {recorded[:16]}…, these {found[:16]}…): changed in the artifact store or the "
+            "cache; refused. Delete the local copy to download it again"
+        )
 
 
 def eval_dir(model: RegistryModel, data_digest: str, settings: dict) -> Path:

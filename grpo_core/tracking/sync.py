@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_core.config.secrets import MASK, hide_url_passwords
 from grpo_core.tracking.mlflow_run import REJECTED, MlflowRun
 
 logger = logging.getLogger(__name__)
@@ -123,6 +124,12 @@ def sync_pending(run_dir: str | Path, tracking_uri: str | None = None) -> SyncRe
     with locked(path.with_name(SENT_FILE + ".lock")):
         records = read_records(path)
         already = min(read_sent(sent_file), len(records))
+        hidden = [r["tracking_uri"] for r in records[already:] if f":{MASK}@" in r.get("tracking_uri", "")]
+        if hidden and tracking_uri is None:  # a database URL's password is never written to the pending file
+            raise SyncError(
+                f"{path} names MLflow at {hidden[0]}, whose password is not written down; give the URI: "
+                f"grpo tracking sync {run_dir} --tracking-uri URI"
+            )
         result = SyncResult(path, len(records), already, 0, [], [])
         runs: dict[tuple[str, str], MlflowRun] = {}
         for index in range(already, len(records)):
@@ -137,7 +144,8 @@ def sync_pending(run_dir: str | Path, tracking_uri: str | None = None) -> SyncRe
                     run.call(method, call_arguments(method, args))
                 except Exception as e:  # noqa: BLE001  (the server's answer decides: drop, or stop here)
                     if getattr(e, "error_code", None) not in REJECTED:
-                        result.error = f"MLflow at {uri} did not take call {index + 1} ({method}): {_first_line(e)}"
+                        where = hide_url_passwords(uri)
+                        result.error = f"MLflow at {where} did not take call {index + 1} ({method}): {_first_line(e)}"
                         break
                     result.dropped.append(f"{method}: refused by the server: {_first_line(e)}")
             if run.run_id not in result.run_ids:

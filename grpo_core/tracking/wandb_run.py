@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from grpo_core.tracking.mlflow_run import mask_secrets
+from grpo_core.config.secrets import masked
 
 
 class WandbRun:
@@ -23,7 +23,7 @@ class WandbRun:
         self.run = wandb.init(project=project, name=name, dir=str(directory))
 
     def log_params(self, params: dict[str, Any]) -> None:
-        self.run.config.update(mask_secrets(params), allow_val_change=True)
+        self.run.config.update(masked(params), allow_val_change=True)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(dict(metrics), step=step)

@@ -15,18 +15,22 @@ it is intact when its files match its manifest (``verify_checkpoint``), which ev
 A save that fails (a full disk) removes its partial directory and raises CheckpointSaveError.
 """
 
+import dataclasses
 import json
 import logging
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from grpo_core.atomic import write_text_atomic
+from grpo_core.numerics import NotFinite
 from grpo_core.trainer import manifest
+from grpo_core.trainer.contents import check_contents
 from grpo_core.trainer.manifest import DamagedFile, Verified
 
 logger = logging.getLogger(__name__)
@@ -82,13 +86,17 @@ def read_trainer_state(path: Path) -> dict:
 
 
 def verify_checkpoint(path: str | Path) -> Verified:
-    """A complete checkpoint whose files are whole (manifest.verify); CheckpointError naming the bad file."""
+    """A complete checkpoint whose files are whole (manifest.verify) and hold plain, finite data
+    (contents.check_contents); CheckpointError naming the bad file otherwise."""
     path = Path(path)
     read_trainer_state(path)
     try:
-        return manifest.verify(path)
+        verified = manifest.verify(path)
+        start = time.perf_counter()
+        check_contents(path)
     except DamagedFile as e:
-        raise CheckpointError(f"damaged checkpoint: {e}") from None
+        raise CheckpointError(f"{e.kind} checkpoint: {e}") from None
+    return dataclasses.replace(verified, contents_seconds=time.perf_counter() - start)
 
 
 def check_same_model(path: Path, shape) -> None:
@@ -213,6 +221,13 @@ class CheckpointManager:
         """Write ``step_N`` holding ``contents``; CheckpointSaveError (partial directory removed) when the
         filesystem fails."""
         final = self.root / f"step_{step:06d}"
+        mine, anywhere = actor.non_finite_weights()
+        if anywhere:  # a checkpoint of them would resume into the same failure: the newest one stays the last good
+            previous = self.latest()
+            raise NotFinite(
+                f"not saving step {step}: weights hold NaN or infinity ({', '.join(mine[:3]) or 'on another rank'}"
+                f"{', …' if len(mine) > 3 else ''}); the newest checkpoint is {previous or 'none'}"
+            )
         partial = final.with_name(final.name + ".partial")
         try:
             self._write(partial, final, step, actor, trainer_state, contents | {"model"})

@@ -1,18 +1,19 @@
 """The GRPO training loop, run by every torchrun process: rollout -> reward -> advantage -> update -> sync.
 
-Read ``train`` top to bottom: set-up, then one iteration per step. Every rank holds the whole batch of
-each step (the actor slices it by data-parallel rank itself); rollout engines live on the first rank of
-each rollout-TP group and generate that replica's share of the prompts; the results are gathered so all
-ranks go on with the same rollouts. The megatron engine is the exception: it generates with the actor's
-own model, so it lives on every rank (each runs its TP shard) and has no weights to sync. Only rank 0
-logs and writes files.
+Read ``train`` top to bottom: ``set_up`` (models, engine, data), ``resume`` (from a checkpoint, if any),
+then one ``grpo_step`` per step, each followed by validation, logging and the checkpoint when they are due.
+Every rank holds the whole batch of each step (the actor slices it by data-parallel rank itself); rollout
+engines live on the first rank of each rollout-TP group and generate that replica's share of the prompts;
+the results are gathered so all ranks go on with the same rollouts. The megatron engine is the exception:
+it generates with the actor's own model, so it lives on every rank (each runs its TP shard) and has no
+weights to sync. Only rank 0 logs and writes files.
 """
 
 import gc
 import logging
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -31,11 +32,13 @@ from grpo_core.algos import (
 )
 from grpo_core.config import GRPOConfig, to_flat_dict
 from grpo_core.config.validate import actor_layout
+from grpo_core.data.batch import RolloutBatch
 from grpo_core.data.prompts import Prompt, PromptSampler, decode_responses, load_prompts
 from grpo_core.diagnostics import RunDiagnostics
 from grpo_core.models.bridge import gather_hf_weights
 from grpo_core.models.shape import ModelShape, hf_overrides, model_weights_dir, read_hf_config, with_overrides
-from grpo_core.rewards import Scorer, build_scorer
+from grpo_core.numerics import NotFinite, first_non_finite
+from grpo_core.rewards import Scorer, build_scorer, reward_name
 from grpo_core.rollout import Generation, SamplingSettings, build_engine, to_rollout_batch
 from grpo_core.rollout.hf import load_tokenizer
 from grpo_core.tracking import Tracker
@@ -85,8 +88,75 @@ SHORT_STEP = (
 )
 
 
+@dataclass
+class TrainingSetup:
+    """What set-up builds and every step uses: the models, this rank's rollout engine, the data, the reward."""
+
+    cfg: GRPOConfig
+    shape: ModelShape
+    rank: int
+    actor: MegatronActor
+    ref: MegatronActor | None  # frozen initial policy, for a KL loss or a KL penalty in the reward
+    engine: object | None  # this rank's rollout engine (None: this rank only joins the gathers and syncs)
+    tokenizer: object
+    sampler: PromptSampler
+    dropped: int  # training prompts dropped as longer than data.max_prompt_length
+    val_prompts: list[Prompt]
+    scorer: Scorer
+    sampling: SamplingSettings
+    total_steps: int
+    checkpoints: CheckpointManager
+    save_contents: frozenset
+    load_contents: frozenset
+    trainer_state: dict  # what every checkpoint records besides the weights (and the data position)
+    said: set[str] = field(default_factory=set)  # the once-a-run warnings given so far
+
+
 def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
     """Run the configured number of steps (resuming if a checkpoint is there); the last step's metrics."""
+    setup = set_up(cfg, shape)
+    stop = StopRequest()  # SIGTERM during set-up kills (nothing to save yet); from here on it stops after a step
+    try:
+        stop.install()
+        start_step, position = resume(setup)  # position: prompt batches drawn so far (dynamic sampling: several a step)
+        tracker = Tracker(cfg, enabled=setup.rank == 0, start_step=start_step)
+        diag = RunDiagnostics(cfg, shape, setup.rank, tracker)  # GPU use, profiles, advice on errors
+        tracker.log_params(to_flat_dict(cfg))
+        if setup.dropped:
+            logger.warning("dropped %d training prompts longer than data.max_prompt_length", setup.dropped)
+        if cfg.trainer.val_before_train and setup.val_prompts:
+            tracker.log(validate(cfg, setup.engine, setup.val_prompts, setup.tokenizer, setup.scorer), step=start_step)
+        # Models, engine and libraries live for the whole run: keep full collections off them (perf/gc_s).
+        gc.collect()
+        gc.freeze()
+        step_metrics: dict[str, float] = {}
+        total = setup.total_steps
+        for step in tracker.progress(range(start_step, total), total=total, start=start_step):
+            step_metrics, position = grpo_step(setup, diag, step, position)
+            last = step + 1 == total
+            stopping = stop.agreed()  # every rank stops after the same step
+            if setup.val_prompts and cfg.trainer.test_freq > 0 and ((step + 1) % cfg.trainer.test_freq == 0 or last):
+                step_metrics |= validate(cfg, setup.engine, setup.val_prompts, setup.tokenizer, setup.scorer)
+            tracker.log(step_metrics, step=step + 1)
+            if setup.checkpoints.should_save(step + 1, last or stopping is not None):
+                state = {**setup.trainer_state, "data_position": position}
+                setup.checkpoints.save(step + 1, setup.actor, state, setup.save_contents)
+            if stopping is not None and not last:
+                if setup.rank == 0:
+                    logger.warning(STOPPED, stopping, step + 1, total)
+                break
+        tracker.close()
+        diag.close()
+        return step_metrics
+    finally:
+        gc.unfreeze()  # a pipeline runs train in-process: its models must be collectable afterwards
+        stop.restore()
+        if setup.engine is not None and hasattr(setup.engine, "close"):
+            setup.engine.close()  # vLLM's engine processes do not end with this one
+
+
+def set_up(cfg: GRPOConfig, shape: ModelShape) -> TrainingSetup:
+    """Parallel state, tokenizer, prompts, reward, actor (and ref) with their initial weights, rollout engine."""
     arr, model_cfg = cfg.actor_rollout_ref, cfg.actor_rollout_ref.model
     layout = actor_layout(cfg)
     init_model_parallel(layout, seed=arr.actor.megatron.seed, timeout_s=arr.nccl_timeout)
@@ -124,146 +194,101 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
     # vLLM's and megatron's engines take it as their own. A resumed run then restores the generators it saved.
     torch.manual_seed(arr.rollout.seed)
 
-    stop = StopRequest()  # SIGTERM during set-up kills (nothing to save yet); from here on it stops after a step
-    try:
-        stop.install()
-        checkpoints = CheckpointManager.for_run(cfg.trainer)
-        save_contents, load_contents = contents_setting(arr.actor.checkpoint)
-        start_step = position = 0  # position: prompt batches drawn so far (dynamic sampling draws several a step)
-        # rank 0 verifies (reads every file once) and picks; the others take its choice
-        choice = [checkpoints.resolve_resume(cfg.trainer.resume_mode) if rank == 0 else None]
-        dist.broadcast_object_list(choice, src=0)
-        resume_from = choice[0]
-        if resume_from is not None:
-            resumed = checkpoints.load(resume_from, actor, load_contents)
-            start_step, position = resumed["step"], resumed.get("data_position", resumed["step"])
-        if resume_from is not None or _engine_starts_empty(cfg):
-            sync_weights(actor, engine, shape, cfg)  # the engine holds the initial weights, or none
-        trainer_state = {
-            "hf_config": with_overrides(read_hf_config(str(model_dir)), hf_overrides(model_cfg.override_config)),
-            "dtype": settings.dtype,
-            "tokenizer_path": str(tokenizer_dir),
-        }
+    trainer_state = {
+        "hf_config": with_overrides(read_hf_config(str(model_dir)), hf_overrides(model_cfg.override_config)),
+        "dtype": settings.dtype,
+        "tokenizer_path": str(tokenizer_dir),
+    }
+    save_contents, load_contents = contents_setting(arr.actor.checkpoint)
+    return TrainingSetup(
+        cfg=cfg,
+        shape=shape,
+        rank=rank,
+        actor=actor,
+        ref=ref,
+        engine=engine,
+        tokenizer=tokenizer,
+        sampler=sampler,
+        dropped=dropped,
+        val_prompts=val_prompts,
+        scorer=scorer,
+        sampling=rollout_sampling(cfg),
+        total_steps=total_steps,
+        checkpoints=CheckpointManager.for_run(cfg.trainer),
+        save_contents=save_contents,
+        load_contents=load_contents,
+        trainer_state=trainer_state,
+    )
 
-        tracker = Tracker(cfg, enabled=rank == 0, start_step=start_step)
-        diag = RunDiagnostics(cfg, shape, rank, tracker)  # GPU use, profiles, advice on errors
-        tracker.log_params(to_flat_dict(cfg))
-        if dropped:
-            logger.warning("dropped %d training prompts longer than data.max_prompt_length", dropped)
-        if cfg.trainer.val_before_train and val_prompts:
-            tracker.log(validate(cfg, engine, val_prompts, tokenizer, scorer), step=start_step)
 
-        sampling = SamplingSettings(
-            n=arr.rollout.n,
-            temperature=arr.rollout.temperature,
-            top_p=arr.rollout.top_p,
-            top_k=arr.rollout.top_k,
-            max_new_tokens=d.max_response_length,
-        )
-        on_policy_rows = _on_policy_rows(cfg)
-        engine_timings = getattr(engine, "take_timings", dict)  # the static engine's parts of the gen phase
-        # Models, engine and libraries live for the whole run: keep full collections off them (perf/gc_s).
-        gc.collect()
-        gc.freeze()
-        step_metrics: dict[str, float] = {}
-        warned_no_signal = warned_short = False
-        for step in tracker.progress(range(start_step, total_steps), total=total_steps, start=start_step):
-            timings: dict[str, float] = {}
-            started = time.perf_counter()
-            M.reset_peak_memory()
-            diag.begin_step(step + 1)
+def resume(setup: TrainingSetup) -> tuple[int, int]:
+    """(first step, data position) from the checkpoint to resume from, if any, else (0, 0); then the engine
+    gets the actor's weights if it does not hold them yet."""
+    # rank 0 verifies (reads every file once) and picks; the others take its choice
+    choice = [setup.checkpoints.resolve_resume(setup.cfg.trainer.resume_mode) if setup.rank == 0 else None]
+    dist.broadcast_object_list(choice, src=0)
+    resume_from = choice[0]
+    start_step = position = 0
+    if resume_from is not None:
+        resumed = setup.checkpoints.load(resume_from, setup.actor, setup.load_contents)
+        start_step, position = resumed["step"], resumed.get("data_position", resumed["step"])
+    if resume_from is not None or _engine_starts_empty(setup.cfg):
+        sync_weights(setup.actor, setup.engine, setup.shape, setup.cfg)  # the engine holds the initial weights, or none
+    return start_step, position
 
-            engine_timings()  # drop what validation's generation left
-            with timed(timings, "gen", diag):
-                drawn = draw_rollouts(engine, sampler, position, sampling, tokenizer, cfg, scorer)
-                if engine is not None and arr.rollout.free_cache_engine:
-                    engine.sleep()
-            gen_parts = engine_timings()
-            position += drawn.gen_batches
-            rollouts = drawn.rollouts
-            if drawn.groups_kept < d.train_batch_size and not warned_short and rank == 0:
-                fg = cfg.algorithm.filter_groups
-                logger.warning(SHORT_STEP, step + 1, drawn.groups_kept, d.train_batch_size, fg.max_num_gen_batches)
-                warned_short = True
-            batch = to_rollout_batch(rollouts.gen, tokenizer.pad_token_id)
 
-            # rows whose old log-probs the update's first forward gives (see MegatronActor.update_on_policy)
-            reused = min(batch.batch_size, on_policy_rows)
-            later = None
-            if reused < batch.batch_size:
-                with timed(timings, "old_log_prob", diag):
-                    later = actor.compute_log_prob(batch.rows(slice(reused, None)), **log_prob_batching(arr.rollout))
-                if not reused:
-                    batch.old_log_probs, entropy = later
-            if ref is not None:
-                with timed(timings, "ref", diag):
-                    batch.ref_log_probs, _ = ref.compute_log_prob(batch, **log_prob_batching(arr.ref))
-                    if arr.ref.megatron.param_offload:
-                        ref.offload_to_host(params=True)
+def grpo_step(setup: TrainingSetup, diag: RunDiagnostics, step: int, position: int) -> tuple[dict[str, float], int]:
+    """Step ``step`` (from 0), its prompts from data position ``position`` on: generate and score -> old and
+    reference log-probs -> advantages -> update -> weight sync. Its metrics, and the data position after it."""
+    cfg, actor, engine = setup.cfg, setup.actor, setup.engine
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    M.reset_peak_memory()
+    diag.begin_step(step + 1)
 
-            scores, shaping_metrics = shaped_scores(rollouts, cfg)
-            signal = drawn.groups_with_signal
-            if signal == 0 and not warned_no_signal and rank == 0:
-                logger.warning(NO_SIGNAL, step + 1)
-                warned_no_signal = True
-            token_rewards = token_level_rewards(scores, batch.response_mask)
-            if cfg.algorithm.use_kl_in_reward:
-                kl = kl_penalty(batch.old_log_probs, batch.ref_log_probs, cfg.algorithm.kl_penalty)
-                token_rewards = token_rewards - cfg.algorithm.kl_ctrl.kl_coef * kl * batch.response_mask
-            batch.advantages, _ = get_adv_estimator(cfg.algorithm.adv_estimator)(
-                token_rewards, batch.response_mask, index=rollouts.gen.group_index, **advantage_options(cfg)
-            )
+    engine_timings = getattr(engine, "take_timings", dict)  # the static engine's parts of the gen phase
+    engine_timings()  # drop what validation's generation left
+    with timed(timings, "gen", diag):
+        drawn = draw_rollouts(engine, setup.sampler, position, setup.sampling, setup.tokenizer, cfg, setup.scorer)
+        if engine is not None and cfg.actor_rollout_ref.rollout.free_cache_engine:
+            engine.sleep()
+    gen_parts = engine_timings()
+    rollouts, wanted = drawn.rollouts, cfg.data.train_batch_size
+    if drawn.groups_kept < wanted:
+        fg = cfg.algorithm.filter_groups
+        say_once(setup, SHORT_STEP, step + 1, drawn.groups_kept, wanted, fg.max_num_gen_batches)
+    batch = to_rollout_batch(rollouts.gen, setup.tokenizer.pad_token_id)
 
-            with timed(timings, "update", diag):
-                if reused:
-                    update_metrics, batch.old_log_probs, entropy = actor.update_on_policy(batch, later)
-                else:
-                    update_metrics = actor.update(batch)
-            with timed(timings, "sync", diag):
-                if engine is not None and arr.rollout.free_cache_engine:
-                    engine.wake()
-                sync_weights(actor, engine, shape, cfg)
-                m = arr.actor.megatron
-                actor.offload_to_host(params=m.param_offload, grads=m.grad_offload, optimizer=m.optimizer_offload)
-            # the whole step's wall time, the host's work between the phases (the batch, rewards, advantages) with it
-            timings["step"] = time.perf_counter() - started
+    reused, later = old_and_ref_log_probs(setup, batch, timings, diag)
+    scores, shaping_metrics = shaped_scores(rollouts, cfg)
+    if drawn.groups_with_signal == 0:
+        say_once(setup, NO_SIGNAL, step + 1)
+    batch.advantages = advantages(scores, batch, rollouts.gen.group_index, cfg)
+    with timed(timings, "update", diag):
+        update_metrics, entropy = update_actor(actor, batch, reused, later)
+    with timed(timings, "sync", diag):
+        sync_and_offload(setup)
+    # the whole step's wall time, the host's work between the phases (the batch, rewards, advantages) with it
+    timings["step"] = time.perf_counter() - started
 
-            rc = cfg.algorithm.rollout_correction
-            step_metrics = {
-                **M.rollout_metrics(
-                    rollouts.gen, rollouts.scores, batch, cfg.reward_model.score, cfg.reward_model.format_score
-                ),
-                **shaping_metrics,
-                "batch/groups_with_signal": signal,
-                **sampling_metrics(drawn, cfg),
-                **M.log_prob_metrics(batch, entropy),
-                **M.rollout_correction_metrics(batch, rc.rollout_is, rc.rollout_is_threshold),
-                **update_metrics,
-                **M.timing_metrics(timings),
-                **gen_parts,
-                **M.throughput_metrics(batch, timings, shape, dist.get_world_size()),
-                "perf/old_log_prob_tokens": float(batch.attention_mask[reused:].sum()),
-                **diag.end_step(step + 1),
-            }
-            last = step + 1 == total_steps
-            stopping = stop.agreed()  # every rank stops after the same step
-            if val_prompts and cfg.trainer.test_freq > 0 and ((step + 1) % cfg.trainer.test_freq == 0 or last):
-                step_metrics |= validate(cfg, engine, val_prompts, tokenizer, scorer)
-            tracker.log(step_metrics, step=step + 1)
-            if checkpoints.should_save(step + 1, last or stopping is not None):
-                checkpoints.save(step + 1, actor, {**trainer_state, "data_position": position}, save_contents)
-            if stopping is not None and not last:
-                if rank == 0:
-                    logger.warning(STOPPED, stopping, step + 1, total_steps)
-                break
-        tracker.close()
-        diag.close()
-        return step_metrics
-    finally:
-        gc.unfreeze()  # a pipeline runs train in-process: its models must be collectable afterwards
-        stop.restore()
-        if engine is not None and hasattr(engine, "close"):
-            engine.close()  # vLLM's engine processes do not end with this one
+    rc = cfg.algorithm.rollout_correction
+    step_metrics = {
+        **M.rollout_metrics(
+            rollouts.gen, rollouts.scores, batch, cfg.reward_model.score, cfg.reward_model.format_score
+        ),
+        **shaping_metrics,
+        "batch/groups_with_signal": drawn.groups_with_signal,
+        **sampling_metrics(drawn, cfg),
+        **M.log_prob_metrics(batch, entropy),
+        **M.rollout_correction_metrics(batch, rc.rollout_is, rc.rollout_is_threshold),
+        **update_metrics,
+        **M.timing_metrics(timings),
+        **gen_parts,
+        **M.throughput_metrics(batch, timings, setup.shape, dist.get_world_size()),
+        "perf/old_log_prob_tokens": float(batch.attention_mask[reused:].sum()),
+        **diag.end_step(step + 1),
+    }
+    return step_metrics, position + drawn.gen_batches
 
 
 # ---- one step's parts ---------------------------------------------------------------------------------
@@ -281,6 +306,13 @@ def timed(timings: dict[str, float], name: str, diag: RunDiagnostics | None = No
     timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
 
 
+def say_once(setup: TrainingSetup, message: str, *args) -> None:
+    """Warn, on rank 0, the first time in the run that ``message`` applies: it would say the same each step."""
+    if setup.rank == 0 and message not in setup.said:
+        logger.warning(message, *args)
+        setup.said.add(message)
+
+
 def generate(
     engine, prompts: list[Prompt], settings: SamplingSettings, tokenizer, cfg: GRPOConfig, scorer: Scorer
 ) -> Rollouts:
@@ -295,6 +327,14 @@ def generate(
     for text, group in zip(decode_responses(tokenizer, gen.response_ids), gen.group_index, strict=True):
         prompt = prompts[group]
         scores.append(scorer(prompt.data_source, text, prompt.ground_truth, prompt.extra_info))
+    if (bad := first_non_finite(scores)) is not None:  # every rank scores every response: all stop here
+        row, value = bad
+        prompt = prompts[gen.group_index[row]]
+        raise NotFinite(
+            f"{reward_name(cfg, prompt.data_source)} returned {value} for response {row} of the batch (prompt "
+            f"{gen.group_index[row]}, ground truth {prompt.ground_truth!r:.40}); a reward must be a finite number. "
+            "The run stopped before the update: nothing of this step was trained or saved"
+        )
     return Rollouts(gen, scores)
 
 
@@ -349,6 +389,28 @@ def sampling_metrics(drawn: StepDraw, cfg: GRPOConfig) -> dict[str, float]:
     }
 
 
+def old_and_ref_log_probs(
+    setup: TrainingSetup, batch: RolloutBatch, timings: dict[str, float], diag: RunDiagnostics
+) -> tuple[int, tuple[torch.Tensor, torch.Tensor] | None]:
+    """Fill in ``batch``'s old log-probs, but for the first ``reused`` rows, which the update's first forward gives
+    (``MegatronActor.update_on_policy``), and its reference log-probs. (reused, the later rows' (log-probs,
+    entropy) or None)."""
+    arr = setup.cfg.actor_rollout_ref
+    reused = min(batch.batch_size, _on_policy_rows(setup.cfg))
+    later = None
+    if reused < batch.batch_size:
+        with timed(timings, "old_log_prob", diag):
+            later = setup.actor.compute_log_prob(batch.rows(slice(reused, None)), **log_prob_batching(arr.rollout))
+        if not reused:
+            batch.old_log_probs = later[0]
+    if setup.ref is not None:
+        with timed(timings, "ref", diag):
+            batch.ref_log_probs, _ = setup.ref.compute_log_prob(batch, **log_prob_batching(arr.ref))
+            if arr.ref.megatron.param_offload:
+                setup.ref.offload_to_host(params=True)
+    return reused, later
+
+
 def shaped_scores(rollouts: Rollouts, cfg: GRPOConfig) -> tuple[list[float], dict[str, float]]:
     """The scores the advantage sees: with reward_manager=dapo and its overlong buffer on, each response's
     rule score plus DAPO's overlong penalty (reward/* metrics keep the rule scores, so accuracy stays readable)."""
@@ -366,6 +428,19 @@ def shaped_scores(rollouts: Rollouts, cfg: GRPOConfig) -> tuple[list[float], dic
     return scores, metrics
 
 
+def advantages(scores: list[float], batch: RolloutBatch, group_index: list[int], cfg: GRPOConfig) -> torch.Tensor:
+    """Each response token's advantage, [B, R]: ``algorithm.adv_estimator`` over the outcome rewards (``scores`` on
+    the last tokens), less the KL penalty with ``algorithm.use_kl_in_reward``."""
+    token_rewards = token_level_rewards(scores, batch.response_mask)
+    if cfg.algorithm.use_kl_in_reward:
+        kl = kl_penalty(batch.old_log_probs, batch.ref_log_probs, cfg.algorithm.kl_penalty)
+        token_rewards = token_rewards - cfg.algorithm.kl_ctrl.kl_coef * kl * batch.response_mask
+    estimate, _ = get_adv_estimator(cfg.algorithm.adv_estimator)(
+        token_rewards, batch.response_mask, index=group_index, **advantage_options(cfg)
+    )
+    return estimate
+
+
 def advantage_options(cfg: GRPOConfig) -> dict:
     """The keyword options every advantage estimator is called with; each takes those it uses."""
     algo = cfg.algorithm
@@ -380,6 +455,27 @@ def token_level_rewards(scores: list[float], response_mask: torch.Tensor) -> tor
     return rewards * response_mask
 
 
+def update_actor(
+    actor: MegatronActor, batch: RolloutBatch, reused: int, later: tuple[torch.Tensor, torch.Tensor] | None
+) -> tuple[dict[str, float], torch.Tensor]:
+    """The update's metrics, and the entropy of the policy that sampled: from the update's first forward when it
+    gives the first ``reused`` rows' old log-probs, else from the old-log-prob pass (``later``)."""
+    if reused:
+        update_metrics, batch.old_log_probs, entropy = actor.update_on_policy(batch, later)
+        return update_metrics, entropy
+    return actor.update(batch), later[1]
+
+
+def sync_and_offload(setup: TrainingSetup) -> None:
+    """Wake the engine and give it the updated weights; move to the host what ``actor.megatron`` offloads."""
+    engine, actor = setup.engine, setup.actor
+    if engine is not None and setup.cfg.actor_rollout_ref.rollout.free_cache_engine:
+        engine.wake()
+    sync_weights(actor, engine, setup.shape, setup.cfg)
+    m = setup.cfg.actor_rollout_ref.actor.megatron
+    actor.offload_to_host(params=m.param_offload, grads=m.grad_offload, optimizer=m.optimizer_offload)
+
+
 def sync_weights(actor: MegatronActor, engine, shape: ModelShape, cfg: GRPOConfig) -> None:
     """Stream the actor's weights, as full HF tensors, into this rank's engine (every rank takes part)."""
     if _engine_is_the_actor(cfg):
@@ -389,6 +485,18 @@ def sync_weights(actor: MegatronActor, engine, shape: ModelShape, cfg: GRPOConfi
         engine.update_weights(tensors)
     for _ in tensors:  # ranks without an engine (and an engine that stopped early) still join every transfer
         pass
+
+
+def rollout_sampling(cfg: GRPOConfig) -> SamplingSettings:
+    """How training rollouts are sampled (``rollout.*``); ``validate`` uses ``rollout.val_kwargs``."""
+    rollout = cfg.actor_rollout_ref.rollout
+    return SamplingSettings(
+        n=rollout.n,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        max_new_tokens=cfg.data.max_response_length,
+    )
 
 
 def validate(cfg: GRPOConfig, engine, prompts: list[Prompt], tokenizer, scorer: Scorer) -> dict[str, float]:

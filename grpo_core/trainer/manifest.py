@@ -1,51 +1,45 @@
-"""Whether a checkpoint directory is whole: its manifest, written last, and the checks that need none.
+"""Whether a checkpoint directory is whole: its manifest, written last.
 
 ``manifest.json`` lists every file of a checkpoint (path relative to it, size, xxh3-128 hash), written by
 rank 0 once every rank's shards are on disk and before the directory is published. Verifying reads each
 listed file once (big reads, several files at a time: xxhash hashes at memory speed, so the disk decides
 the time). Files added after publication (``hf/``, an export) are not listed and not checked.
 
-Checks that need no manifest, run on every checkpoint (and all that can be checked on one written before
-manifests existed): the files megatron's loader opens are there; torch's ``.metadata`` unpickles with
-nothing but torch's checkpoint classes (megatron itself unpickles it with plain ``pickle``); every shard
-file is as long as the metadata says; ``common.pt`` loads with ``weights_only=True``.
+A manifest proves a checkpoint is whole, not that it is safe: whoever can change a file can rewrite its
+manifest. What it holds is checked with no manifest at all (contents.py).
 """
 
-import io
 import json
 import os
-import pickle
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import xxhash
 
 MANIFEST_FILE = "manifest.json"
 HASH_NAME = "xxh3_128"
 READ_BYTES = 16 << 20
 THREADS = min(8, os.cpu_count() or 1)
-DIST_METADATA = ".metadata"  # torch.distributed.checkpoint's index of every tensor's bytes
-COMMON_FILE = "common.pt"  # megatron's non-tensor state
 
 
 class DamagedFile(Exception):
-    """One file of a checkpoint is missing, cut, changed or untrusted: ``str()`` names it and says how."""
+    """One file of a checkpoint fails a check: ``str()`` names it and says how; ``kind`` is ``damaged`` (missing,
+    cut, changed), ``unsafe`` (holds what could run code) or ``non-finite`` (weights that are not numbers)."""
 
-    def __init__(self, path: Path, reason: str):
+    def __init__(self, path: Path, reason: str, kind: str = "damaged"):
         super().__init__(f"{path}: {reason}")
-        self.path, self.reason = path, reason
+        self.path, self.reason, self.kind = path, reason, kind
 
 
 @dataclass(frozen=True)
 class Verified:
     files: int
     bytes: int
-    seconds: float
+    seconds: float  # reading and hashing the files
     manifest: bool  # False: a checkpoint from before manifests, checked as far as it can be
+    contents_seconds: float = 0.0  # checking what the files hold (contents.py)
 
     @property
     def gb_per_s(self) -> float:
@@ -102,67 +96,6 @@ def read_manifest(root: Path) -> dict | None:
     return manifest
 
 
-_PLAIN_GLOBALS = {
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
-    ("collections", "OrderedDict"),
-    ("pathlib", "PosixPath"),  # torch's FileSystemWriter records the directory it wrote to
-}
-
-
-class _TorchCheckpointClasses(pickle.Unpickler):
-    """Unpickles torch.distributed.checkpoint's metadata and refuses every other global (code a pickle could run)."""
-
-    def find_class(self, module: str, name: str):
-        if module.startswith("torch.distributed.checkpoint.") and not name.startswith("__"):
-            found = super().find_class(module, name)
-            if isinstance(found, type) or name == "_MEM_FORMAT_ENCODING":
-                return found
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        if (module, name) in _PLAIN_GLOBALS:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refused global {module}.{name}")
-
-
-def _check_structure(root: Path) -> None:
-    """The checks any megatron dist checkpoint passes: see the module docstring."""
-    meta_path = root / DIST_METADATA
-    if not meta_path.is_file():
-        raise DamagedFile(meta_path, "missing: not a megatron dist checkpoint, or an incomplete copy")
-    try:
-        metadata = _TorchCheckpointClasses(io.BytesIO(meta_path.read_bytes())).load()
-        extents: dict[str, int] = {}
-        for info in metadata.storage_data.values():
-            extents[info.relative_path] = max(extents.get(info.relative_path, 0), info.offset + info.length)
-    except Exception as e:
-        raise DamagedFile(meta_path, f"not torch checkpoint metadata ({first_line(e)})") from None
-    for rel, needed in sorted(extents.items()):
-        shard = root / rel
-        if not shard.is_file():
-            raise DamagedFile(shard, "missing (the checkpoint's metadata lists it)")
-        if (size := shard.stat().st_size) < needed:
-            raise DamagedFile(shard, f"truncated: {size} bytes, the metadata needs {needed}")
-    common = root / COMMON_FILE
-    if common.is_file():
-        try:
-            with warnings.catch_warnings():  # its note on the pickle protocol would come before our one line
-                warnings.simplefilter("ignore")
-                torch.load(common, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as e:
-            raise DamagedFile(common, f"refused: not plain tensors and numbers ({_weights_only_reason(e)})") from None
-        except Exception as e:
-            raise DamagedFile(common, f"unreadable ({first_line(e)})") from None
-
-
-def _weights_only_reason(e: BaseException) -> str:
-    """torch.load(weights_only=True)'s own reason, which its long message gives after "WeightsUnpickler error:"."""
-    text = str(e)
-    _, found, rest = text.partition("WeightsUnpickler error:")
-    reason = next((line.strip() for line in rest.splitlines() if line.strip()), "") if found else ""
-    return f"torch.load(weights_only=True): {reason or first_line(e)}"
-
-
 def first_line(e: BaseException) -> str:
     for line in str(e).splitlines():
         if line.strip():
@@ -189,7 +122,6 @@ def verify(root: str | Path) -> Verified:
         for rel, entry in files.items():
             if hashes[rel] != entry["hash"]:
                 raise DamagedFile(root / rel, "content differs from the manifest (hash mismatch)")
-    _check_structure(root)
     if manifest is None:
         total = sum((root / rel).stat().st_size for rel in _files(root))
     return Verified(
