@@ -11,7 +11,7 @@ loopback (gloo and NCCL are told the same: ``loopback_env``).
 
 The node whose address the endpoint names hosts the store; on any other node binding it fails and the
 node connects as a client (torch decides by comparing host names, with the same fallback).
-Registered with torchrun through the ``torchrun.handlers`` entry point (pyproject.toml).
+Registered with torchrun by the project's agent (launch/agent.py), which runs torchrun in its own process.
 """
 
 import errno
@@ -82,6 +82,8 @@ def create_handler(params):
     return handler
 
 
-def handler_factory():
-    """The ``torchrun.handlers`` entry point: torch calls it once and registers what it returns."""
-    return create_handler
+def register() -> None:
+    """Make ``--rdzv-backend=grpo`` known to torchrun in this process."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(BACKEND, create_handler)
