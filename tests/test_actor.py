@@ -274,7 +274,7 @@ SETTINGS_SNIPPET = """
 import dataclasses, json, sys
 from grpo_core.actor.actor import ActorSettings
 from grpo_core.config import load_config
-from grpo_core.config.validate import actor_layout
+from grpo_core.planning.layout import actor_layout
 cfg = load_config(sys.argv[1], sys.argv[2:])
 s = ActorSettings.from_config(cfg, actor_layout(cfg), total_optimizer_steps=200)
 print(json.dumps({k: v for k, v in dataclasses.asdict(s).items() if k != "layout"}))

@@ -253,7 +253,7 @@ CURRENT = [
 
 
 def test_oom_advice_lists_the_remedies_in_order_with_the_values_in_use():
-    from grpo_core.config.validate import estimate_memory
+    from grpo_core.planning.budget import estimate_memory
 
     cfg = load_config(None, CURRENT)
     estimate = estimate_memory(cfg, tiny_shape())

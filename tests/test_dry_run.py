@@ -374,8 +374,9 @@ def test_log_prob_token_budgets_size_the_log_prob_phase():
     """Base: 512 + 1024 = 1536-token sequences, log-prob micro-batches of 8; a budget holds budget // 1536 rows,
     and the larger of the old and reference passes sizes the phase."""
     from grpo_core.config import load_config
-    from grpo_core.config.validate import estimate_memory, log_prob_micro_batch
     from grpo_core.models.shape import load_model_shape
+    from grpo_core.planning.batches import log_prob_micro_batch
+    from grpo_core.planning.budget import estimate_memory
 
     def cfg(*overrides):
         return load_config(BASE, list(overrides))
@@ -507,8 +508,9 @@ def test_fitting_batches_lowers_the_phase_over_the_gpu_and_stops_at_one_sequence
     reference's with them), stops at the largest settings under the planner's 90%, and gives up where one sequence
     per micro-batch is not enough."""
     from grpo_core.config import load_config
-    from grpo_core.config.validate import check_config, estimate_memory, fitting_batches
+    from grpo_core.config.validate import check_config
     from grpo_core.models.shape import load_model_shape
+    from grpo_core.planning.budget import estimate_memory, fitting_batches
 
     monkeypatch.setattr("grpo_core.planning.hardware.local_gpu_memory_gib", lambda: None)
     shape = load_model_shape("Qwen/Qwen2.5-1.5B")

@@ -6,12 +6,10 @@ start on the same rules.
 """
 
 import contextlib
-import copy
 import dataclasses
 import difflib
 import importlib.util
 import math
-import os
 import re
 import shutil
 import warnings
@@ -19,7 +17,6 @@ from dataclasses import dataclass, field
 from functools import cache
 from operator import attrgetter
 from pathlib import Path
-from typing import NamedTuple
 
 from grpo_core.algos import (
     ADV_ESTIMATORS,
@@ -33,8 +30,17 @@ from grpo_core.config.schema import CHECKPOINT_CONTENTS, DTYPE_SECTIONS, GRPOCon
 from grpo_core.config.verl_keys import REFUSED_VALUES
 from grpo_core.models.shape import HF_OVERRIDE_SECTION, ModelShape
 from grpo_core.planning import hardware
-from grpo_core.planning.layout import ParallelLayout
-from grpo_core.planning.memory import DTYPE_BYTES, MemoryEstimate, MemoryOptions, estimate_grpo_memory
+from grpo_core.planning.batches import BATCH_KEYS, batch_settings
+from grpo_core.planning.budget import (
+    estimate_memory,
+    fitting_batches,
+    gpu_memory_gib,
+    local_host_memory_gib,
+    memory_options,
+    optimizer_offloaded,
+)
+from grpo_core.planning.layout import ParallelLayout, actor_layout, pipeline_extra_layers, uneven_stages
+from grpo_core.planning.memory import DTYPE_BYTES, MemoryEstimate
 from grpo_core.planning.planner import PEAK_SHARE, rollout_tp_fits
 from grpo_core.rewards.custom import RewardFileError, load_custom_reward
 from grpo_core.rollout import static as static_engine
@@ -49,12 +55,6 @@ LAYOUT_KEYS = [
     ("expert_tensor_parallel_size", "expert tensor parallel size"),
 ]
 
-_LOG_PROB_BATCH = ("log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu", "log_prob_micro_batch_size_per_gpu")
-BATCH_KEYS = {  # section of actor_rollout_ref -> (switch to token budgets, token budget, micro-batch size)
-    "actor": ("use_dynamic_bsz", "ppo_max_token_len_per_gpu", "ppo_micro_batch_size_per_gpu"),
-    "rollout": _LOG_PROB_BATCH,
-    "ref": _LOG_PROB_BATCH,
-}
 
 FUSIONS_NEEDING_KERNELS = {"bias_dropout_fusion": ("transformer_engine", "apex")}
 """Kernel-fusion flags that megatron refuses at start-up without one of these packages (RoPE, SwiGLU and
@@ -74,80 +74,6 @@ def _get(cfg: object, dotted: str):
     for part in dotted.split("."):
         cfg = getattr(cfg, part)
     return cfg
-
-
-def world_size(cfg: GRPOConfig) -> int:
-    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-
-
-def actor_layout(cfg: GRPOConfig) -> ParallelLayout:
-    m = cfg.actor_rollout_ref.actor.megatron
-    ep = m.expert_model_parallel_size
-    return ParallelLayout(
-        world_size=world_size(cfg),
-        tp=m.tensor_model_parallel_size,
-        pp=m.pipeline_model_parallel_size,
-        cp=m.context_parallel_size,
-        ep=ep,
-        etp=m.expert_tensor_parallel_size or 1,
-        vpp=m.virtual_pipeline_model_parallel_size,
-    )
-
-
-def uneven_stages(overrides: dict) -> tuple[int | None, int | None]:
-    return overrides.get("num_layers_in_first_pipeline_stage"), overrides.get("num_layers_in_last_pipeline_stage")
-
-
-def pipeline_extra_layers(overrides: dict) -> int:
-    """The embedding and the loss, when megatron places them in the pipeline split like layers."""
-    return sum(bool(overrides.get(f"account_for_{what}_in_pipeline_split")) for what in ("embedding", "loss"))
-
-
-def local_host_memory_gib() -> float | None:
-    """This machine's memory, when it is a GPU node (a dry run on a laptop says nothing about the cluster)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-
-
-def gpu_memory_gib(cfg: GRPOConfig) -> float:
-    """trainer.gpu_memory_gib, or this machine's GPUs where they are clearly smaller (a config written for a larger
-    card); within 5% the setting stands, as a nominal size does (an "80 GB" H100 has 79.6 GiB)."""
-    configured = cfg.trainer.gpu_memory_gib
-    local = hardware.local_gpu_memory_gib() if cfg.trainer.device == "cuda" else None
-    return local if local is not None and local < 0.95 * configured else configured
-
-
-def optimizer_offloaded(cfg: GRPOConfig) -> float:
-    """The share of the Adam states megatron's hybrid optimizer keeps on the host: ``optimizer_offload`` (all),
-    unless override_optimizer_config (applied after it, as in the actor) says otherwise."""
-    m, overrides = cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.actor.optim.override_optimizer_config
-    on = overrides.get("optimizer_cpu_offload", m.optimizer_offload)
-    fraction = overrides.get("optimizer_offload_fraction", 1.0 if m.optimizer_offload else 0.0)
-    return min(max(float(fraction), 0.0), 1.0) if on and isinstance(fraction, int | float) else 0.0
-
-
-def memory_options(cfg: GRPOConfig) -> MemoryOptions:
-    m = cfg.actor_rollout_ref.actor.megatron
-    return MemoryOptions(
-        dtype=m.dtype,
-        use_distributed_optimizer=m.use_distributed_optimizer,
-        param_offload=m.param_offload,
-        grad_offload=m.grad_offload,
-        optimizer_offload=optimizer_offloaded(cfg),
-        optimizer_stays=not m.optimizer_offload,
-        pinned_cpu_grads=bool(cfg.actor_rollout_ref.actor.optim.override_optimizer_config.get("pin_cpu_grads", True)),
-        reshardable_checkpoint=m.dist_ckpt_optim_fully_reshardable
-        and "optimizer" in cfg.actor_rollout_ref.actor.checkpoint.save_contents,
-        precision_aware_optimizer=bool(
-            cfg.actor_rollout_ref.actor.optim.override_optimizer_config.get("use_precision_aware_optimizer")
-        ),
-        sequence_parallel=m.sequence_parallel,
-        recompute=cfg.actor_rollout_ref.model.enable_gradient_checkpointing
-        or m.override_transformer_config.get("recompute_granularity") is not None,
-    )
 
 
 def _invalid_choice(key: str, value, valid) -> str:
@@ -477,109 +403,12 @@ def _check_precision(cfg: GRPOConfig, r: Report) -> None:
             )
 
 
-def update_micro_batch(cfg: GRPOConfig) -> int:
-    """Responses per update forward/backward: the setting, or what the token budget holds with dynamic batches."""
-    actor = cfg.actor_rollout_ref.actor
-    if actor.use_dynamic_bsz:
-        return max(actor.ppo_max_token_len_per_gpu // (cfg.data.max_prompt_length + cfg.data.max_response_length), 1)
-    return actor.ppo_micro_batch_size_per_gpu
-
-
-def log_prob_micro_batch(cfg: GRPOConfig) -> int:
-    """Responses per forward of the larger log-prob pass (old or reference): what its token budget holds with
-    log_prob_use_dynamic_bsz, else its micro-batch size (null: ppo_micro_batch_size_per_gpu, as the actor)."""
-    seq_len = cfg.data.max_prompt_length + cfg.data.max_response_length
-    arr = cfg.actor_rollout_ref
-    passes = [arr.rollout] + ([arr.ref] if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward else [])
-    sizes = [
-        max(p.log_prob_max_token_len_per_gpu // seq_len, 1)
-        if p.log_prob_use_dynamic_bsz
-        else p.log_prob_micro_batch_size_per_gpu or arr.actor.ppo_micro_batch_size_per_gpu
-        for p in passes
-    ]
-    return max(sizes)
-
-
-def estimate_memory(cfg: GRPOConfig, shape: ModelShape) -> MemoryEstimate:
-    """Per-GPU GiB by phase for this config: what the dry run checks and an out-of-memory error quotes."""
-    arr = cfg.actor_rollout_ref
-    rollout, actor = arr.rollout, arr.actor
-    return estimate_grpo_memory(
-        shape,
-        actor_layout(cfg),
-        memory_options(cfg),
-        update_micro_batch(cfg),
-        cfg.data.max_prompt_length + cfg.data.max_response_length,
-        gpu_memory_gib(cfg),
-        with_reference=actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,
-        ref_offload=arr.ref.megatron.param_offload,
-        rollout_tp=rollout.tensor_model_parallel_size,
-        rollout_utilization=rollout.gpu_memory_utilization,
-        rollout_dtype=rollout.dtype,
-        free_cache_engine=rollout.free_cache_engine,
-        log_prob_micro_batch=log_prob_micro_batch(cfg),
-        static_sequences=rollout.max_num_seqs if rollout.name == "static" else None,
-    )
-
-
-class BatchSetting(NamedTuple):
-    """The setting that sizes one pass's micro-batches: a token budget, or a micro-batch size."""
-
-    key: str
-    section: object
-    attr: str
-    value: int
-    smallest: int  # one sequence: its tokens for a budget, 1 for a size
-
-    def holding(self, sequences: int) -> int:
-        """The value for micro-batches of ``sequences`` whole sequences."""
-        return sequences * self.smallest
-
-
-def batch_setting(cfg: GRPOConfig, name: str) -> BatchSetting:
-    """What sizes the micro-batches of section ``name`` (actor: the update; rollout, ref: their log-prob passes): its
-    token budget, or its micro-batch size (null: the actor's)."""
-    section, (switch, budget, micro) = getattr(cfg.actor_rollout_ref, name), BATCH_KEYS[name]
-    by_tokens = bool(getattr(section, switch))
-    attr = budget if by_tokens else micro
-    value = getattr(section, attr) or cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
-    smallest = cfg.data.max_prompt_length + cfg.data.max_response_length if by_tokens else 1
-    return BatchSetting(f"actor_rollout_ref.{name}.{attr}", section, attr, value, smallest)
-
-
-def _batch_settings(cfg: GRPOConfig, phase: str) -> list[BatchSetting]:
-    """The settings that size the memory model's ``phase`` (update, log_prob; generation has none)."""
-    arr = cfg.actor_rollout_ref
-    names = {"update": ["actor"], "log_prob": ["rollout"]}.get(phase, [])
-    if phase == "log_prob" and (arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward):
-        names.append("ref")
-    return [batch_setting(cfg, name) for name in names]
-
-
-def fitting_batches(cfg: GRPOConfig, shape: ModelShape) -> dict[str, int]:
-    """The largest micro-batch settings for which the estimated peak stays under 90% of the GPU (the planner's
-    margin), lowered a sequence at a time in the phase that is over: {key: value} of those changed, token budgets in
-    whole sequences. Empty where one sequence per micro-batch is not enough (then it takes offload or the layout)."""
-    gpu, trial, changed = gpu_memory_gib(cfg), copy.deepcopy(cfg), {}
-    while (est := estimate_memory(trial, shape)).peak > PEAK_SHARE * gpu:
-        settings = _batch_settings(trial, est.peak_phase)
-        sequences = max((s.value / s.smallest for s in settings), default=1)  # what the largest micro-batch holds
-        if sequences <= 1:
-            return {}
-        fewer = math.ceil(sequences) - 1
-        for s in settings:
-            if s.value > s.holding(fewer):
-                setattr(s.section, s.attr, s.holding(fewer))
-                changed[s.key] = s.holding(fewer)
-    return changed
-
-
 def _batch_remedy(cfg: GRPOConfig, shape: ModelShape, phase: str) -> str:
     """The values that fit, where smaller micro-batches are enough; else the settings to lower (the generation
     phase has none: its share is rollout.gpu_memory_utilization)."""
     if fits := fitting_batches(cfg, shape):
         return "set " + " ".join(f"{key}={value}" for key, value in fits.items()) + " (estimated to fit), "
-    now = ", ".join(f"{s.key} (now {s.value})" for s in _batch_settings(cfg, phase))
+    now = ", ".join(f"{s.key} (now {s.value})" for s in batch_settings(cfg, phase))
     return f"lower {now}, " if now else ""
 
 

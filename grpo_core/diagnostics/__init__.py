@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 
 from grpo_core.config import GRPOConfig
-from grpo_core.config.validate import estimate_memory
 from grpo_core.diagnostics.advice import (
     HIGH_COMM_SHARE,
     LOW_UTILISATION,
@@ -34,6 +33,7 @@ from grpo_core.diagnostics.gc_pauses import GcPauses
 from grpo_core.diagnostics.gpu import GpuSampler, gpu_metrics
 from grpo_core.diagnostics.profile import comm_shares, kernel_shares, read_trace, sync_counts
 from grpo_core.models.shape import ModelShape
+from grpo_core.planning.budget import estimate_memory
 from grpo_core.planning.memory import MemoryEstimate
 
 logger = logging.getLogger(__name__)

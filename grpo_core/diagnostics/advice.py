@@ -11,12 +11,14 @@ from collections.abc import Mapping
 import torch
 
 from grpo_core.config import GRPOConfig
-from grpo_core.config.validate import FUSIONS_NEEDING_KERNELS, batch_setting, gpu_memory_gib
+from grpo_core.config.validate import FUSIONS_NEEDING_KERNELS
+from grpo_core.planning.batches import batch_setting
+from grpo_core.planning.budget import gpu_memory_gib
 from grpo_core.planning.memory import MemoryEstimate
 
 # The loop's phases -> the memory model's (the weight sync runs with the engine awake, as generation does).
 ESTIMATE_PHASE = {"gen": "generation", "old_log_prob": "log_prob", "ref": "log_prob", "update": "update"}
-# The training phases -> the config section whose settings size their micro-batches (validate.BATCH_KEYS).
+# The training phases -> the config section whose settings size their micro-batches (planning/batches.py's BATCH_KEYS).
 PHASE_SECTION = {"update": "actor", "old_log_prob": "rollout", "ref": "ref"}
 LOW_UTILISATION = 70.0  # percent, mean over a phase
 HIGH_COMM_SHARE = 0.2

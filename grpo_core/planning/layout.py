@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from grpo_core.config.schema import GRPOConfig
 from grpo_core.models.shape import ModelShape
 
 
@@ -139,3 +140,33 @@ class ParallelLayout:
         if self.world_size % (self.etp * self.ep * self.pp):
             out.append(f"world size {self.world_size} is not divisible by ETP*EP*PP = {self.etp}*{self.ep}*{self.pp}")
         return out
+
+
+# ---- a config's layout ------------------------------------------------------------------------------------
+
+
+def world_size(cfg: GRPOConfig) -> int:
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+
+def actor_layout(cfg: GRPOConfig) -> ParallelLayout:
+    m = cfg.actor_rollout_ref.actor.megatron
+    ep = m.expert_model_parallel_size
+    return ParallelLayout(
+        world_size=world_size(cfg),
+        tp=m.tensor_model_parallel_size,
+        pp=m.pipeline_model_parallel_size,
+        cp=m.context_parallel_size,
+        ep=ep,
+        etp=m.expert_tensor_parallel_size or 1,
+        vpp=m.virtual_pipeline_model_parallel_size,
+    )
+
+
+def uneven_stages(overrides: dict) -> tuple[int | None, int | None]:
+    return overrides.get("num_layers_in_first_pipeline_stage"), overrides.get("num_layers_in_last_pipeline_stage")
+
+
+def pipeline_extra_layers(overrides: dict) -> int:
+    """The embedding and the loss, when megatron places them in the pipeline split like layers."""
+    return sum(bool(overrides.get(f"account_for_{what}_in_pipeline_split")) for what in ("embedding", "loss"))

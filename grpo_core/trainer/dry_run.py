@@ -9,14 +9,7 @@ from rich.table import Table
 
 from grpo_core.config import GRPOConfig, to_yaml
 from grpo_core.config.load import load_config_with_notes
-from grpo_core.config.validate import (
-    Report,
-    check_config,
-    gpu_memory_gib,
-    memory_options,
-    optimizer_offloaded,
-    update_micro_batch,
-)
+from grpo_core.config.validate import Report, check_config
 from grpo_core.models.shape import (
     ModelShape,
     ModelShapeError,
@@ -25,6 +18,8 @@ from grpo_core.models.shape import (
     unknown_override_fields,
     with_overrides,
 )
+from grpo_core.planning.batches import update_micro_batch
+from grpo_core.planning.budget import gpu_memory_gib, memory_options, optimizer_offloaded
 from grpo_core.tracking.mlflow_run import tracking_uri
 from grpo_core.tracking.registry import RegistryModel, fetch_model, is_model_uri
 

@@ -31,13 +31,13 @@ from grpo_core.algos import (
     trainable_groups,
 )
 from grpo_core.config import GRPOConfig, to_flat_dict
-from grpo_core.config.validate import actor_layout
 from grpo_core.data.batch import RolloutBatch
 from grpo_core.data.prompts import Prompt, PromptSampler, decode_responses, load_prompts
 from grpo_core.diagnostics import RunDiagnostics
 from grpo_core.models.bridge import gather_hf_weights
 from grpo_core.models.shape import ModelShape, hf_overrides, model_weights_dir, read_hf_config, with_overrides
 from grpo_core.numerics import NotFinite, first_non_finite
+from grpo_core.planning.layout import actor_layout
 from grpo_core.rewards import Scorer, build_scorer, reward_name
 from grpo_core.rollout import Generation, SamplingSettings, build_engine, to_rollout_batch
 from grpo_core.rollout.hf import load_tokenizer
