@@ -13,6 +13,7 @@ parameter at a time (the largest is the embedding: vocab x hidden).
 import dataclasses
 import json
 import os
+import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -352,3 +353,26 @@ def _chunks(model: GPTModel | Sequence[GPTModel]) -> list[GPTModel]:
             chunk = chunk.module
         out.append(chunk)
     return out
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+
+
+def write_hf_model(model, shape, out_dir: Path, trainer_state: dict) -> None:
+    """The model as Hugging Face files: weights and ``hf_config`` (every rank of the model calls this), then the
+    tokenizer's files from ``tokenizer_path`` (rank 0)."""
+    export_hf_weights(model, shape, out_dir, trainer_state["hf_config"])
+    tokenizer = Path(trainer_state.get("tokenizer_path") or "")
+    if dist.get_rank() == 0 and tokenizer.is_dir():
+        for name in TOKENIZER_FILES:
+            if (tokenizer / name).is_file():
+                shutil.copy2(tokenizer / name, out_dir / name)

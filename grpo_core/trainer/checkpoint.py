@@ -265,7 +265,7 @@ class CheckpointManager:
                 states["cuda"] = torch.cuda.get_rng_state()
             torch.save(states, partial / "rng" / f"rank_{_rank()}.pt")
         if "hf_model" in contents:  # before the manifest, which then covers these files too
-            from grpo_core.trainer.export import write_hf_model
+            from grpo_core.models.bridge import write_hf_model
 
             write_hf_model(actor.model, actor.shape, partial / HF_EXPORT, trainer_state)
         _barrier()  # every rank's files are on disk: the manifest covers them all

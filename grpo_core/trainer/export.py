@@ -1,20 +1,6 @@
 """``grpo export CHECKPOINT OUT_DIR``: a training checkpoint (any layout) as a Hugging Face model."""
 
-import shutil
 from pathlib import Path
-
-import torch.distributed as dist
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "generation_config.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
 
 
 def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
@@ -22,6 +8,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     from grpo_core import actor  # noqa: F401  (CPU compatibility before megatron)
     from grpo_core.actor.actor import ActorSettings, MegatronActor
     from grpo_core.actor.parallel import init_model_parallel
+    from grpo_core.models.bridge import write_hf_model
     from grpo_core.models.shape import ModelShape
     from grpo_core.planning.layout import ParallelLayout
     from grpo_core.trainer.checkpoint import CheckpointError, load_actor_state, read_trainer_state, verify_checkpoint
@@ -38,16 +25,3 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     load_actor_state(checkpoint, policy)
     write_hf_model(policy.model, shape, out_dir, state)
     return out_dir
-
-
-def write_hf_model(model, shape, out_dir: Path, trainer_state: dict) -> None:
-    """The model as Hugging Face files: weights and ``hf_config`` (every rank of the model calls this), then the
-    tokenizer's files from ``tokenizer_path`` (rank 0)."""
-    from grpo_core.models.bridge import export_hf_weights
-
-    export_hf_weights(model, shape, out_dir, trainer_state["hf_config"])
-    tokenizer = Path(trainer_state.get("tokenizer_path") or "")
-    if dist.get_rank() == 0 and tokenizer.is_dir():
-        for name in TOKENIZER_FILES:
-            if (tokenizer / name).is_file():
-                shutil.copy2(tokenizer / name, out_dir / name)
