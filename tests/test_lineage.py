@@ -94,3 +94,54 @@ def test_a_hub_source_records_its_commit_and_files(monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "HfApi", Offline)
     assert gsm8k._origin("openai/gsm8k", {}) == {"source_kind": "hub", "revision": None, "source_files": {}}
+
+
+def test_datasets_and_the_logged_model_wait_for_the_server_and_a_replay_makes_them_once(tmp_path):
+    """Queued while MLflow is down (plain JSON in the pending file), made by `grpo tracking sync`, and made once:
+    the same calls sent again (a re-run of the pipeline records its results again) find what the first made."""
+    from mlflow import MlflowClient
+
+    from grpo_core.tracking.lineage import EVALUATION, TRAINING, dataset_entry
+    from grpo_core.tracking.mlflow_run import MlflowRun
+    from grpo_core.tracking.sync import read_records, sync_pending
+    from tests.support.servers import free_port
+
+    data, files = tmp_path / "data", tmp_path / "hf"
+    gsm8k.prepare_gsm8k("embedded", data, progress=False)
+    files.mkdir()
+    (files / "config.json").write_text("{}")
+    train = dataset_entry([str(data / "train.parquet")], TRAINING)
+    test = dataset_entry([str(data / "test.parquet")], EVALUATION)
+    pending = tmp_path / "run" / "mlflow_pending.jsonl"
+    run = MlflowRun.deferred(f"http://127.0.0.1:{free_port()}", "lineage", "k1", {}, pending_file=pending, retry_s=60)
+    run.log_datasets([train, test])
+    link, tags = {"name": test["name"], "digest": test["digest"]}, {"grpo.step": "3"}
+    model_id = run.log_checkpoint_model("step_000003", 3, tags, {"val/accuracy": 0.5}, dataset=link, files=str(files))
+    version = run.register_model(
+        "lineage_test", {"grpo.train_data_digest": train["digest"]}, "challenger", "step_000003"
+    )
+    assert (model_id, version) == (None, None)  # queued
+    assert not run.close(wait_s=0)
+    methods = [r["method"] for r in read_records(pending)]
+    assert methods[-3:] == ["log_datasets", "log_checkpoint_model", "register_version"]
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert sync_pending(tmp_path / "run", tracking_uri=uri).complete
+    client = MlflowClient(uri)
+    (remote,) = client.search_runs([client.get_experiment_by_name("lineage").experiment_id])
+    replay = MlflowRun(uri, remote.info.run_id)
+    for record in read_records(pending)[-3:-1]:  # sent again: nothing new
+        replay.call(record["method"], record["args"])
+
+    remote = client.get_run(remote.info.run_id)
+    assert sorted((i.dataset.name, i.dataset.digest) for i in remote.inputs.dataset_inputs) == [
+        ("gsm8k-test", test["digest"]),
+        ("gsm8k-train", train["digest"]),
+    ]
+    (model,) = client.search_logged_models([remote.info.experiment_id])
+    assert [(o.model_id, o.step) for o in remote.outputs.model_outputs] == [(model.model_id, 3)]
+    assert [(m.key, m.dataset_digest) for m in model.metrics][0] == ("val/accuracy", test["digest"])
+    assert [a.path for a in client.list_logged_model_artifacts(model.model_id)] == ["config.json"]
+    version = client.get_model_version_by_alias("lineage_test", "challenger")
+    assert version.source == f"models:/{model.model_id}" and version.tags["grpo.train_data_digest"] == train["digest"]
+    assert client.get_model_version_download_uri("lineage_test", version.version) == model.artifact_location
