@@ -91,9 +91,11 @@ def grpo_pipeline(
     from grpo_core.tracking.pipeline_run import (
         INPUTS_TAG,
         SCHEDULED_TAG,
+        evaluation_file,
         file_digest,
         inputs_key,
         last_scheduled_run,
+        log_pipeline_datasets,
         markdown_report,
         open_pipeline_run,
         pipeline_key,
@@ -122,7 +124,7 @@ def grpo_pipeline(
     data_dir = Path(cfg.data.train_files[0]).parent
     data = unless_missing(prepare_gsm8k, *cfg.data.train_files, *cfg.data.val_files)(cfg.data.source, str(data_dir))
     log.info("data: %s", data["rows"])
-    eval_file = cfg.evaluation.data_file or cfg.data.val_files[0]
+    eval_file = evaluation_file(cfg)
 
     inputs = inputs_key(cfg)
     if skip_unchanged and (last := last_scheduled_run(cfg)) is not None and last[1] == inputs:
@@ -145,6 +147,7 @@ def grpo_pipeline(
     if run.start_model is not None:
         tags["grpo.start_model"] = run.start_model.canonical
     mlflow_run = open_pipeline_run(cfg, pipeline_key(cfg), tags, run_dir)
+    log_pipeline_datasets(mlflow_run, cfg)  # the run page's Datasets panel: training and evaluation sets
     settings = settings_dict(EvalSettings.from_config(cfg))
     data_digest = file_digest(eval_file)
     eval_dirs = {"base": run_dir / "eval" / "base", "trained": run_dir / "eval" / "trained"}

@@ -48,6 +48,46 @@ def pipeline_overrides(root: Path, model: Path, tracking_uri: str) -> list[str]:
     ]
 
 
+def lineage_on_the_server(client, run, data_dir: Path):
+    """What a run's MLflow page shows of its lineage, checked against the prepare record: both datasets (digest,
+    context, where the rows came from), the evaluated checkpoint as a logged model (the run's output at the last
+    step, READY, its metrics against the evaluation set, the exported files) and the registry version made from
+    it (its source, the training set's digest in its tags). The logged model."""
+    from mlflow.entities import LoggedModelStatus
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    from grpo_core.data.lineage import dataset_digest, read_record
+
+    digests = read_record(data_dir)["digests"]
+    train, test = digests["train.parquet"], digests["test.parquet"]
+    assert train == dataset_digest([data_dir / "train.parquet"]) and len(train) == 32
+    inputs = {
+        next(t.value for t in i.tags if t.key == MLFLOW_DATASET_CONTEXT): i.dataset for i in run.inputs.dataset_inputs
+    }
+    assert {c: (d.name, d.digest) for c, d in inputs.items()} == {
+        "training": ("gsm8k-train", train),
+        "evaluation": ("gsm8k-test", test),
+    }
+    assert json.loads(inputs["training"].profile) == {"num_rows": 256, "num_skipped": 0, "prepared_from": "embedded"}
+
+    experiment, run_id = run.info.experiment_id, run.info.run_id
+    (model,) = client.search_logged_models([experiment], filter_string=f"source_run_id = '{run_id}'")
+    assert [(o.model_id, o.step) for o in run.outputs.model_outputs] == [(model.model_id, 2)]
+    assert model.name == "step_000002" and model.status == LoggedModelStatus.READY
+    assert model.tags["grpo.train_data_digest"] == train and model.tags["grpo.eval_data_digest"] == test
+    metrics = {m.key: m for m in model.metrics}
+    assert {"val/accuracy", "eval/trained/accuracy_strict"} <= metrics.keys()
+    assert {(m.dataset_name, m.dataset_digest, m.step) for m in metrics.values()} == {("gsm8k-test", test, 2)}
+    assert metrics["val/accuracy"].value == run.data.metrics["val/accuracy"]
+    assert "config.json" in {a.path for a in client.list_logged_model_artifacts(model.model_id)}
+
+    (version,) = client.search_model_versions("name = 'pipeline_test'")
+    assert version.source == f"models:/{model.model_id}" and version.run_id == run_id
+    assert version.tags["grpo.train_data_digest"] == train
+    assert json.loads(model.tags["mlflow.modelVersions"]) == [{"name": "pipeline_test", "version": 1}]
+    return model
+
+
 def grpo(*args: str, env: dict, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **env}
     cmd = [sys.executable, "-m", "grpo_core.cli", *args]
@@ -127,7 +167,7 @@ def test_pipeline_runs_on_the_ephemeral_api_and_a_rerun_is_served_from_its_resul
     samples = client.download_artifacts(run_id, "eval/trained/samples.jsonl", str(tmp_path / "dl"))
     records = [json.loads(line) for line in Path(samples).read_text().splitlines()]
     assert len(records) == 4 and {"question", "response", "gold", "correct_strict"} <= records[0].keys()
-    assert "model/config.json" in {a.path for a in client.list_artifacts(run_id, "model")}
+    model = lineage_on_the_server(client, run, tmp_path / "data")  # datasets, logged model, its version
     # the registry: version 1; a random model gains nothing significant over its base: challenger, and says why
     version = client.get_model_version_by_alias("pipeline_test", "challenger")
     assert str(version.version) == "1" and version.tags["grpo.promotion"] == "challenger"
@@ -144,6 +184,7 @@ def test_pipeline_runs_on_the_ephemeral_api_and_a_rerun_is_served_from_its_resul
     assert (train_log.stat().st_mtime_ns, (tmp_path / "run" / "metrics.jsonl").read_text()) == before
     assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [run_id]
     assert len(client.search_model_versions("name = 'pipeline_test'")) == 1  # the re-run found its version
+    assert lineage_on_the_server(client, client.get_run(run_id), tmp_path / "data").model_id == model.model_id  # once
 
     compare = grpo("compare", "--tracking-uri", uri, "--experiment", "pipeline_test", env=env, cwd=tmp_path)
     assert compare.returncode == 0 and run_id[:8] in compare.stdout, compare.stdout + compare.stderr
@@ -244,7 +285,7 @@ def test_a_tracking_server_down_at_the_start_loses_nothing_once_synced(tmp_path,
             assert [v for _, v in history] == pytest.approx([v for _, v in expected], nan_ok=True), name
         assert {"val/accuracy_uplift", "eval/trained/num_questions"} <= remote.data.metrics.keys()
         assert {a.path for a in client.list_artifacts(run_id, "plots")} >= {"plots/reward.png"}
-        assert "model/config.json" in {a.path for a in client.list_artifacts(run_id, "model")}
+        model = lineage_on_the_server(client, remote, tmp_path / "data")  # made at sync time, as when online
         # registered as the queue said; never promoted without reading the registry's champion
         version = client.get_model_version_by_alias("pipeline_test", "challenger")
         assert version.run_id == run_id and "could not be read" in version.tags["grpo.promotion_reason"]
@@ -256,6 +297,7 @@ def test_a_tracking_server_down_at_the_start_loses_nothing_once_synced(tmp_path,
         assert again.returncode == 0 and "nothing to send" in again.stdout, again.stdout + again.stderr
         assert len(client.get_metric_history(run_id, "reward/mean")) == len(logged)
         assert len(client.search_model_versions("name='pipeline_test'")) == 1
+        assert lineage_on_the_server(client, client.get_run(run_id), tmp_path / "data").model_id == model.model_id
         # the secrets' names are tracked, their values are nowhere: params, artifacts, pending file, logs, terminal
         assert "'MY_PAT': '***'" in remote.data.params["trainer.env"]
         resolved = client.download_artifacts(run_id, "resolved_config.yaml", str(tmp_path / "dl"))

@@ -1,7 +1,8 @@
 """GSM8K to verl-schema parquet: the files the trainer and evaluator read.
 
 ``prepare_gsm8k`` converts the raw dataset (a hub id, a local directory or the embedded sample) into
-``train.parquet`` and ``test.parquet`` plus a ``manifest.json`` recording what went in. The manifest is
+``train.parquet`` and ``test.parquet`` plus a ``manifest.json`` recording what went in (the source, its
+revision and files, the rows kept and skipped, each output's digest: grpo_core/data/lineage.py). The manifest is
 written last, so a directory with a manifest is complete, and an unchanged input is not converted twice.
 """
 
@@ -24,6 +25,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.progress import track
 
+from grpo_core.data.lineage import RECORD, file_sha256, read_record, record_text
 from grpo_core.rewards.gsm8k import extract_solution
 
 if TYPE_CHECKING:
@@ -37,7 +39,9 @@ FORMAT_VERSION = 1
 """Bump whenever ``make_row``'s output changes, so old outputs are rebuilt rather than reused."""
 SPLITS = ("train", "test")
 EMBEDDED = "embedded"
-MANIFEST = "manifest.json"
+MANIFEST = RECORD
+RECORD_KEYS = {"rows", "skipped", "source_kind", "digests"}
+"""A manifest without one of these was written before it was recorded: the output is rebuilt."""
 PATTERNS = ("{}.jsonl", "{}.parquet", "{}-*.parquet", "main/{}-*.parquet")
 """Looked for per split in a local directory; the last two match a hub snapshot of openai/gsm8k."""
 
@@ -86,11 +90,6 @@ def _short(exc: BaseException) -> str:
     """The first line of the root cause: library errors are often wrapped and multi-line."""
     cause = exc.__cause__ or exc
     return (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
-
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _source_files(source: str, out_dir: Path, stack: contextlib.ExitStack) -> dict[str, list[Path]]:
@@ -210,9 +209,9 @@ def _write_outputs(out_dir: Path, tables: dict[str, pa.Table], manifest: dict) -
         for split, table in tables.items():
             tmp = temps[f"{split}.parquet"] = _temp_path(out_dir, f"{split}.parquet")
             pq.write_table(table, tmp)
-        digests = {name: _sha256(tmp) for name, tmp in temps.items()}
+        outputs = dict(temps)
         temps[MANIFEST] = _temp_path(out_dir, MANIFEST)
-        temps[MANIFEST].write_text(json.dumps({**manifest, "sha256": digests}, indent=2) + "\n")
+        temps[MANIFEST].write_text(record_text(manifest, outputs))
         (out_dir / MANIFEST).unlink(missing_ok=True)  # from here on the old output is no longer complete
         for name, tmp in temps.items():
             os.replace(tmp, out_dir / name)
@@ -224,11 +223,11 @@ def _write_outputs(out_dir: Path, tables: dict[str, pa.Table], manifest: dict) -
 def _reusable(out_dir: Path, input_hash: str) -> dict | None:
     """The existing manifest, if it describes this input and its files are still exactly as written."""
     try:
-        manifest = json.loads((out_dir / MANIFEST).read_text())
+        manifest = read_record(out_dir) or {}
         digests = manifest["sha256"]
         same_input = (manifest["format_version"], manifest["input_hash"]) == (FORMAT_VERSION, input_hash)
-        complete = set(digests) == {f"{s}.parquet" for s in SPLITS} and {"rows", "skipped"} <= manifest.keys()
-        intact = same_input and complete and all(_sha256(out_dir / n) == d for n, d in digests.items())
+        complete = set(digests) == {f"{s}.parquet" for s in SPLITS} and manifest.keys() >= RECORD_KEYS
+        intact = same_input and complete and all(file_sha256(out_dir / n) == d for n, d in digests.items())
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
     return manifest if intact else None
@@ -236,10 +235,35 @@ def _reusable(out_dir: Path, input_hash: str) -> dict | None:
 
 def _input_hash(source: str, files: dict[str, list[Path]], hub: dict | None) -> str:
     if files:
-        parts = [f"{split}:{_sha256(p)}" for split, paths in files.items() for p in paths]
+        parts = [f"{split}:{file_sha256(p)}" for split, paths in files.items() for p in paths]
     else:
         parts = [source, "main", *(hub[s]._fingerprint for s in SPLITS)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _hub_files(source: str) -> tuple[str | None, dict[str, str]]:
+    """The hub dataset's commit and the sha256 of its ``main/`` files; (None, {}) when the hub does not say
+    (offline, with the data in the local cache): the record then names the dataset only."""
+    try:
+        from huggingface_hub import HfApi
+
+        info = HfApi().dataset_info(source, files_metadata=True)
+    except Exception as exc:  # noqa: BLE001  (any hub or network error: the data itself was loaded)
+        logger.warning("gsm8k: %s: the hub did not say which revision was loaded (%s)", source, _short(exc))
+        return None, {}
+    siblings = [s for s in info.siblings or [] if s.rfilename.startswith("main/") and s.lfs is not None]
+    return info.sha, {s.rfilename: s.lfs.sha256 for s in siblings}
+
+
+def _origin(source: str, files: dict[str, list[Path]]) -> dict:
+    """Where the rows came from, for the record: kind, revision (the hub's commit) and each source file's sha256."""
+    if not files:
+        revision, hashes = _hub_files(source)
+        return {"source_kind": "hub", "revision": revision, "source_files": hashes}
+    root = None if source == EMBEDDED else Path(source).expanduser()
+    named = {(str(p.relative_to(root)) if root else p.name): p for paths in files.values() for p in paths}
+    hashes = {name: file_sha256(path) for name, path in named.items()}
+    return {"source_kind": EMBEDDED if root is None else "local", "revision": None, "source_files": hashes}
 
 
 def input_hash(source: str, output_dir: str | Path) -> str:
@@ -272,11 +296,12 @@ def prepare_gsm8k(source: str, output_dir: str | Path, force: bool = False, prog
             return PrepareResult(out_dir, old["rows"], old["skipped"], input_hash, reused=True)
         loaded = _load_local(files) if files else hub
         converted = {split: _convert(loaded[split], split, source, progress) for split in SPLITS}
+        origin = _origin(source, files)
 
     rows = {split: table.num_rows for split, (table, _) in converted.items()}
     skipped = {split: len(indices) for split, (_, indices) in converted.items()}
     created = datetime.now(UTC).isoformat(timespec="seconds")
-    manifest = {"format_version": FORMAT_VERSION, "data_source": DATA_SOURCE, "source": source}
+    manifest = {"format_version": FORMAT_VERSION, "data_source": DATA_SOURCE, "source": source, **origin}
     manifest |= {"input_hash": input_hash, "created": created, "rows": rows, "skipped": skipped}
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

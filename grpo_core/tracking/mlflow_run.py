@@ -12,14 +12,17 @@ A run that could not be created (the server was down when the pipeline started) 
 that key (``KEY_TAG``) or creates it, so the pipeline, its trainer and a later sync all land in one run.
 """
 
+import contextlib
 import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from grpo_core.config.secrets import hide_url_passwords, masked
+from grpo_core.tracking.lineage import find_logged_model, link_version, log_checkpoint_model, log_datasets
 
 logger = logging.getLogger(__name__)
 
@@ -68,24 +71,56 @@ def resolve_run_id(client, run_id: str) -> str:
     return client.create_run(experiment_id, tags={KEY_TAG: key}).info.run_id
 
 
-def register_version(client, run_id: str, name: str, tags: dict[str, str], alias: str | None) -> str:
-    """A registry version of the run's ``model`` artifact (the registered model created if missing)."""
+def register_version(
+    client, run_id: str, name: str, tags: dict[str, str], alias: str | None, model_name: str | None = None
+) -> str:
+    """A registry version of the run's logged model ``model_name`` (``models:/<model id>``, which the version's
+    page links to), the registered model created if missing. Without ``model_name`` (a call queued before
+    logged models): of the run's ``model`` artifact."""
     from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
 
     try:
         client.create_registered_model(name)
     except MlflowException as e:
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    source = f"{client.get_run(run_id).info.artifact_uri}/model"
-    version = client.create_model_version(name, source, run_id=run_id, tags=tags)
+    run = client.get_run(run_id)
+    model = find_logged_model(client, run.info.experiment_id, run_id, model_name) if model_name else None
+    if model_name and model is None:
+        raise MlflowException(f"run {run_id} has no logged model {model_name!r}", RESOURCE_DOES_NOT_EXIST)
+    if model is None:
+        version = client.create_model_version(name, f"{run.info.artifact_uri}/model", run_id=run_id, tags=tags)
+    else:
+        source = f"models:/{model.model_id}"
+        version = client.create_model_version(name, source, run_id=run_id, tags=tags, model_id=model.model_id)
+        link_version(client, model.model_id, name, version.version)
     if alias:
         client.set_registered_model_alias(name, alias, version.version)
     return str(version.version)
 
 
 # Queued calls that are not a single ``MlflowClient`` method: name -> function(client, run_id, **kwargs).
-OPERATIONS = {"register_version": register_version}
+OPERATIONS = {
+    "register_version": register_version,
+    "log_datasets": log_datasets,
+    "log_checkpoint_model": log_checkpoint_model,
+}
+
+
+@contextlib.contextmanager
+def default_tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's local (SQL) registry store looks a ``models:/<model id>`` source up through the *default* tracking
+    URI, not its client's: make that this run's for the call (an MLflow server looks it up itself)."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 class MlflowRun:
@@ -162,10 +197,24 @@ class MlflowRun:
     def set_status(self, status: str) -> None:
         self._send("update_run", {"status": status})
 
-    def register_model(self, name: str, tags: dict[str, str], alias: str | None = None) -> str | None:
-        """A registry version of the run's ``model`` artifact: its number, or None while it waits in the queue."""
+    def log_datasets(self, datasets: list[dict]) -> None:
+        """Dataset inputs (lineage.dataset_entry's dicts): the run page's Datasets panel."""
+        self._send("log_datasets", {"datasets": datasets})
+
+    def log_checkpoint_model(self, name: str, step: int, tags: dict[str, str], metrics: dict[str, float], **kw):
+        """An evaluated checkpoint as a logged model (lineage.log_checkpoint_model): its id, or None while queued."""
+        self.results.pop("log_checkpoint_model", None)
+        call = {"name": name, "step": step, "tags": tags, "metrics": metrics, "timestamp": int(time.time() * 1000)}
+        self._send("log_checkpoint_model", {**call, **kw})
+        return self.results.get("log_checkpoint_model")
+
+    def register_model(
+        self, name: str, tags: dict[str, str], alias: str | None = None, model_name: str | None = None
+    ) -> str | None:
+        """A registry version of the run's logged model ``model_name``: its number, or None while it waits in the
+        queue."""
         self.results.pop("register_version", None)
-        self._send("register_version", {"name": name, "tags": tags, "alias": alias})
+        self._send("register_version", {"name": name, "tags": tags, "alias": alias, "model_name": model_name})
         return self.results.get("register_version")
 
     def finish(self, status: str = "FINISHED") -> None:
@@ -210,7 +259,8 @@ class MlflowRun:
         """One call now (the deferred run resolved first); raises what the client raises."""
         self.run_id = resolve_run_id(self.client, self.run_id)
         if method in OPERATIONS:
-            self.results[method] = OPERATIONS[method](self.client, self.run_id, **kwargs)
+            with default_tracking_uri(self.tracking_uri):
+                self.results[method] = OPERATIONS[method](self.client, self.run_id, **kwargs)
         else:
             self.results[method] = getattr(self.client, method)(self.run_id, **kwargs)
 

@@ -8,6 +8,10 @@ registered model. Plain functions: the Prefect flow calls them, tests call them 
 A server that is down when the pipeline starts does not stop it: the run is *deferred* (mlflow_run.py),
 every call waits in the queue, and is sent when the server answers or written to the run's pending file
 for ``grpo tracking sync``.
+
+Lineage (lineage.py): the run's inputs are its training and evaluation sets, named by their digest; the
+evaluated checkpoint is a logged model (its step, its evaluation metrics against the evaluation set, the exported
+files), and the registry version is made from it and carries the training set's digest.
 """
 
 import hashlib
@@ -22,6 +26,14 @@ from grpo_core.config.secrets import hide_url_passwords
 from grpo_core.evaluation.gsm8k import compare_evaluations, paired_outcomes, read_samples
 from grpo_core.evaluation.stats import format_uplift, mean_difference, paired_uplift, verdict
 from grpo_core.tracking import METRICS_FILE
+from grpo_core.tracking.lineage import (
+    EVALUATION,
+    TRAIN_DATA_TAG,
+    TRAINING,
+    dataset_entry,
+    digest_tags,
+    logged_model_name,
+)
 from grpo_core.tracking.mlflow_run import KEY_TAG, MlflowRun, quick_http, tracking_uri
 from grpo_core.tracking.plots import Curves, eval_points, plot_curves, plot_run
 from grpo_core.tracking.promotion import BASE_MODEL, CHALLENGER, Promotion, decide
@@ -144,6 +156,25 @@ def run_url(run: MlflowRun) -> str:
     return f"`mlflow ui --backend-store-uri {uri}` then http://127.0.0.1:5000/{path}"
 
 
+def evaluation_file(cfg: GRPOConfig) -> str:
+    """The file both evaluations read: ``evaluation.data_file``, else the first validation file."""
+    return cfg.evaluation.data_file or cfg.data.val_files[0]
+
+
+def pipeline_datasets(cfg: GRPOConfig) -> dict[str, dict | None]:
+    """The training and evaluation sets as MLflow datasets (lineage.dataset_entry), by context."""
+    return {
+        TRAINING: dataset_entry(cfg.data.train_files, TRAINING),
+        EVALUATION: dataset_entry([evaluation_file(cfg)], EVALUATION),
+    }
+
+
+def log_pipeline_datasets(run: MlflowRun, cfg: GRPOConfig) -> None:
+    """The run page's Datasets panel: both sets, with their digests, sources and contexts."""
+    if datasets := [d for d in pipeline_datasets(cfg).values() if d is not None]:
+        run.log_datasets(datasets)
+
+
 def training_rows(run_dir: str | Path) -> list[dict]:
     """The trainer's metrics.jsonl, one row per step: rows of the same step merge (a resumed run's validation at
     its first step beside the saved step's own metrics), later values winning."""
@@ -194,10 +225,11 @@ def record_results(
     champion_version: str | None = None,
     champion_known: bool = True,
 ) -> PipelineSummary:
-    """Log the evaluations, uplift, summaries, plots, eval samples and the model; register it as champion or
-    challenger against ``eval_dirs["champion"]`` (the evaluation of registry version ``champion_version``),
-    or against the base model when there is no champion yet. When the registry could not be read
-    (``champion_known`` false) nothing is promoted."""
+    """Log the evaluations, uplift, summaries, plots, eval samples and the evaluated checkpoint as a logged model
+    (at the last step: the checkpoint the pipeline evaluates is the one its training ended with); register it as
+    champion or challenger against ``eval_dirs["champion"]`` (the evaluation of registry version
+    ``champion_version``), or against the base model when there is no champion yet. When the registry could not
+    be read (``champion_known`` false) nothing is promoted."""
     metric = cfg.evaluation.metric
     rows = training_rows(cfg.trainer.default_local_dir)
     steps = max((r["step"] for r in rows), default=0)
@@ -222,18 +254,22 @@ def record_results(
     run.log_metrics(
         {
             "val/accuracy_baseline": summary.accuracy_baseline,
-            "val/accuracy": summary.accuracy,
-            "val/accuracy_uplift": summary.accuracy_uplift,
-            "val/accuracy_uplift_ci95_low": paired["ci_low"],
-            "val/accuracy_uplift_ci95_high": paired["ci_high"],
-            "val/accuracy_uplift_p_value": paired["p_value"],
             "perf/throughput_mean": summary.throughput,
             "timing/step_mean": summary.step_seconds,
             **{f"eval/base/{k}": v for k, v in base.items()},
-            **{f"eval/trained/{k}": v for k, v in trained.items()},
         },
         step=steps,
     )
+    of_the_checkpoint = {  # logged to the run too, linked to the logged model and the evaluation set
+        "val/accuracy": summary.accuracy,
+        "val/accuracy_uplift": summary.accuracy_uplift,
+        "val/accuracy_uplift_ci95_low": paired["ci_low"],
+        "val/accuracy_uplift_ci95_high": paired["ci_high"],
+        "val/accuracy_uplift_p_value": paired["p_value"],
+        **{f"eval/trained/{k}": v for k, v in trained.items()},
+    }
+    files = model_dir if model_dir is not None and cfg.tracking.log_model else None
+    model_name, digests = log_evaluated_checkpoint(run, cfg, checkpoint, steps, of_the_checkpoint, files)
     plots_dir = Path(cfg.trainer.default_local_dir) / "plots"
     plots = plot_run(rows, plots_dir, summary.accuracy_baseline, summary.accuracy)
     reward = [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r]
@@ -248,13 +284,30 @@ def record_results(
         if not champion_known:
             reason = f"{promotion.reason}; the registry's champion could not be read, so nothing is promoted"
             promotion = replace(promotion, alias=CHALLENGER, reason=reason)
-        summary.model_version, promotion = register_model(run, cfg, model_dir, promotion, Path(checkpoint))
+        lineage = {TRAIN_DATA_TAG: digests[TRAIN_DATA_TAG]} if TRAIN_DATA_TAG in digests else {}
+        summary.model_version, promotion = register_model(
+            run, cfg, model_dir, promotion, Path(checkpoint), model_name, lineage
+        )
         summary.champion, summary.promotion = promotion.promoted, promotion.alias
         summary.promotion_reason = promotion.reason
         run.set_tags(promotion.tags())
     summary.mlflow_url = run_url(run)
     run.set_tags({"grpo.steps": str(steps), "grpo.champion": str(summary.champion).lower()})
     return summary
+
+
+def log_evaluated_checkpoint(
+    run: MlflowRun, cfg: GRPOConfig, checkpoint: str, step: int, metrics: dict[str, float], files: Path | None
+) -> tuple[str, dict[str, str]]:
+    """The checkpoint as the run's logged model at ``step``: ``metrics`` against the evaluation set, tagged with
+    both sets' digests, holding ``files`` (the exported model) when given. Its name and the digest tags."""
+    datasets = pipeline_datasets(cfg)
+    digests = digest_tags(datasets)
+    evaluation = datasets[EVALUATION]
+    link = {"name": evaluation["name"], "digest": evaluation["digest"]} if evaluation else None
+    name, tags = logged_model_name(checkpoint), {"grpo.checkpoint": str(checkpoint), "grpo.step": str(step)}
+    run.log_checkpoint_model(name, step, tags | digests, metrics, dataset=link, files=str(files) if files else None)
+    return name, digests
 
 
 def promotion_of(cfg: GRPOConfig, eval_dirs: dict[str, Path], champion_version: str | None) -> Promotion:
@@ -269,20 +322,25 @@ def promotion_of(cfg: GRPOConfig, eval_dirs: dict[str, Path], champion_version: 
 
 
 def register_model(
-    run: MlflowRun, cfg: GRPOConfig, model_dir: Path, promotion: Promotion, checkpoint: Path | None = None
+    run: MlflowRun,
+    cfg: GRPOConfig,
+    model_dir: Path,
+    promotion: Promotion,
+    checkpoint: Path | None,
+    model_name: str,
+    lineage: dict[str, str],
 ) -> tuple[str, Promotion]:
-    """The exported model as a run artifact and a new registry version, aliased and tagged as ``promotion``
-    says, with the digests of its files and of its checkpoint's manifest (on the run too: a warm start from the
-    version checks its files against them). A re-run of the same pipeline run finds its version instead of
-    registering the model again; the version is "pending" while the server is away (the registration waits in
-    the run's queue)."""
+    """A new registry version of the run's logged model ``model_name`` (which holds the exported files), aliased
+    and tagged as ``promotion`` says, with ``lineage`` (the training set's digest) and the digests of its files
+    and of its checkpoint's manifest (on the run too: a warm start from the version checks its files against
+    them). A re-run of the same pipeline run finds its version instead of registering the model again; the
+    version is "pending" while the server is away (the registration waits in the run's queue)."""
     name = cfg.tracking.registered_model_name or cfg.trainer.project_name
     if existing := registered_version(run.client, name, run.run_id):
         return existing
     provenance = provenance_tags(model_dir, checkpoint)
     run.set_tags(provenance)
-    run.log_artifact(model_dir, "model")
-    version = run.register_model(name, {**promotion.tags(), **provenance}, promotion.alias)
+    version = run.register_model(name, {**promotion.tags(), **provenance, **lineage}, promotion.alias, model_name)
     return version or "pending", promotion
 
 

@@ -123,8 +123,9 @@ def fetch_model(uri: str, tracking_uri: str, cache_dir: str | None = None) -> Re
         partial = home / f"download.{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-        try:
-            got = Path(download_artifacts(artifact_uri=found.source, dst_path=str(partial), tracking_uri=tracking_uri))
+        try:  # where the files are: a logged model's artifacts for a ``models:/<model id>`` source
+            where = client.get_model_version_download_uri(found.name, found.version)
+            got = Path(download_artifacts(artifact_uri=where, dst_path=str(partial), tracking_uri=tracking_uri))
         except Exception as e:  # noqa: BLE001
             shutil.rmtree(partial, ignore_errors=True)
             raise RegistryUnreachable(f"{uri}: downloading {found.source}: {_describe_failure(e)}") from None
