@@ -15,6 +15,7 @@ from prefect.runtime import flow_run
 
 from grpo_core.config import ConfigError
 from grpo_core.config.load import load_config
+from grpo_core.data.lineage import file_sha256
 from grpo_core.evaluation.gsm8k import METRICS_FILE
 from grpo_core.evaluation.run import EvalSettings
 from grpo_core.launch import run_lock
@@ -92,7 +93,6 @@ def grpo_pipeline(
         INPUTS_TAG,
         SCHEDULED_TAG,
         evaluation_file,
-        file_digest,
         inputs_key,
         last_scheduled_run,
         log_pipeline_datasets,
@@ -149,7 +149,7 @@ def grpo_pipeline(
     mlflow_run = open_pipeline_run(cfg, pipeline_key(cfg), tags, run_dir)
     log_pipeline_datasets(mlflow_run, cfg)  # the run page's Datasets panel: training and evaluation sets
     settings = settings_dict(EvalSettings.from_config(cfg))
-    data_digest = file_digest(eval_file)
+    data_digest = file_sha256(eval_file)
     eval_dirs = {"base": run_dir / "eval" / "base", "trained": run_dir / "eval" / "trained"}
     if run.start_model is not None:  # kept with the version: a champion start is evaluated once
         eval_dirs["base"] = eval_dir(run.start_model, data_digest, settings)

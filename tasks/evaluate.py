@@ -7,8 +7,8 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
+from grpo_core.data.lineage import file_sha256
 from grpo_core.evaluation.run import EvalSettings, evaluate_model
-from grpo_core.tracking.pipeline_run import file_digest
 from tasks.retry import transient
 
 
@@ -27,7 +27,7 @@ def _cache_key(context, parameters) -> str:
     out = Path(parameters["out_dir"])
     parts = [
         model_fingerprint(parameters["model"]),
-        file_digest(parameters["data_file"]),
+        file_sha256(parameters["data_file"]),
         json.dumps(parameters["settings"], sort_keys=True),
         str(out.resolve()),
     ]

@@ -23,6 +23,7 @@ from pathlib import Path
 from grpo_core.config.load import to_flat_dict, to_yaml
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.config.secrets import hide_url_passwords
+from grpo_core.data.lineage import file_sha256
 from grpo_core.evaluation.gsm8k import compare_evaluations, paired_outcomes, read_samples
 from grpo_core.evaluation.stats import format_uplift, mean_difference, paired_uplift, verdict
 from grpo_core.tracking import METRICS_FILE
@@ -51,11 +52,6 @@ NOT_IN_KEY = (
 )
 
 
-def file_digest(path: str | Path) -> str:
-    with Path(path).open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def pipeline_key(cfg: GRPOConfig, ignore: tuple[str, ...] = ()) -> str:
     """What the trained model depends on: the resolved config (less where results are logged, how ranks are
     started and how the model is evaluated afterwards), the training data's bytes and a custom reward file's.
@@ -64,7 +60,7 @@ def pipeline_key(cfg: GRPOConfig, ignore: tuple[str, ...] = ()) -> str:
     settings = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith(skip)}
     parts = [json.dumps(settings, sort_keys=True, default=str)]
     inputs = [*cfg.data.train_files, *filter(None, [cfg.custom_reward_function.path])]
-    parts += [file_digest(p) for p in inputs if Path(p).is_file()]
+    parts += [file_sha256(p) for p in inputs if Path(p).is_file()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 

@@ -15,6 +15,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo_core.data.lineage import file_sha256
 from grpo_core.tracking.mlflow_run import quick_http
 
 logger = logging.getLogger(__name__)
@@ -150,11 +151,8 @@ def files_digest(directory: Path) -> str:
     """SHA-256 over every file under ``directory`` (its relative path, size and SHA-256). Unlike a checkpoint's
     manifest (xxh3, beside the files), this is recorded on the tracking server, out of reach of whoever can
     write the artifact store or the local cache, and it is a cryptographic hash."""
-    lines = []
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        with open(path, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
-        lines.append(f"{path.relative_to(directory)}\0{path.stat().st_size}\0{digest}\n")
+    files = sorted(p for p in directory.rglob("*") if p.is_file())
+    lines = [f"{p.relative_to(directory)}\0{p.stat().st_size}\0{file_sha256(p)}\n" for p in files]
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
