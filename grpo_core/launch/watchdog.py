@@ -80,6 +80,8 @@ class PhaseRecorder:
 
     def __init__(self, directory: str | Path | None, rank: int, world: int, hang_timeout_s: float | None):
         self.path = Path(directory) / f"rank{rank}.json" if directory else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rank, self.world, self.setting = rank, world, hang_timeout_s
         self.step, self.seq = 0, 0
         self.slowest_step_s: float | None = None
@@ -120,7 +122,6 @@ class PhaseRecorder:
             phase_limit(self.setting, self.slowest_step_s),
             not self.setting,
         )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_suffix(".tmp")
         partial.write_text(json.dumps(asdict(record)))
         os.replace(partial, self.path)  # the launcher never reads half a record
