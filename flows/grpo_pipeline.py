@@ -23,7 +23,7 @@ from grpo_core.tracking.mlflow_run import quick_http, tracking_uri
 from grpo_core.tracking.registry import RegistryModel, RegistryUnreachable, champion_uri, eval_dir, fetch_model
 from grpo_core.trainer.checkpoint import CheckpointManager
 from grpo_core.trainer.dry_run import resolve_run
-from tasks import evaluate_checkpoint, prepare_gsm8k, train_grpo, unless_missing
+from tasks import evaluate_checkpoint, prepare_gsm8k, train_task, unless_missing
 from tasks.evaluate import settings_dict
 
 
@@ -158,7 +158,7 @@ def grpo_pipeline(
         evaluate_base = unless_missing(evaluate_checkpoint, eval_dirs["base"] / METRICS_FILE)
         base = evaluate_base(cfg.actor_rollout_ref.model.path, eval_file, str(eval_dirs["base"]), settings)
         no_checkpoint = CheckpointManager.for_run(cfg.trainer).latest() is None
-        trained_run = train_grpo.with_options(refresh_cache=no_checkpoint)(config, overrides, mlflow_run.run_id)
+        trained_run = train_task(cfg, refresh_cache=no_checkpoint)(config, overrides, mlflow_run.run_id)
         checkpoint = trained_run["checkpoint"]
         evaluate_trained = unless_missing(evaluate_checkpoint, eval_dirs["trained"] / METRICS_FILE, checkpoint)
         trained = evaluate_trained(checkpoint, eval_file, str(eval_dirs["trained"]), settings)

@@ -142,6 +142,7 @@ def is_marked(line: str) -> bool:
 _PREFIX = re.compile(r"(\d+: )?(\[default\d+\]:)?(\[rank\d+\]: )?")  # srun --label, torchrun --tee, torch's rank
 _AGENT_LOG = re.compile(r"[IWE]\d{4} [\d:.]+ +\d+ \S*torch/distributed/")  # torchrun's own log records
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+_DUMP = re.compile(r"((Current thread|Thread) 0x[0-9a-f]+|Stack) \(most recent call first\):")  # faulthandler's
 _RULE = "=" * 20
 
 
@@ -149,7 +150,8 @@ class Tracebacks:
     """``hides(line)``, line by line through a log (a rank's, or a node's, where torchrun's agent writes between
     the ranks' prefixed lines): the frames of a Python traceback (each process's told apart by its line prefix),
     a thread's "Exception in thread" line, torchrun's log records and its ChildFailedError with the report after
-    it. The exception line that ends a traceback is shown: what went wrong, in one line."""
+    it, and faulthandler's dumps of a rank's threads (launch/watchdog.py). The exception line that ends a traceback
+    is shown: what went wrong, in one line."""
 
     def __init__(self) -> None:
         self._state: dict[str, str] = {}  # line prefix -> "frames", "after" (the exception line), "report", "rule"
@@ -157,6 +159,9 @@ class Tracebacks:
     def hides(self, line: str) -> bool:
         prefix = _PREFIX.match(line).group(0)
         text, state = line[len(prefix) :], self._state.pop(prefix, None)
+        if _DUMP.match(text) or (state == "dump" and (not text.strip() or text.startswith(" "))):
+            self._state[prefix] = "dump"  # a thread's header, its frames and the blank line after them
+            return True
         if text.startswith("Traceback (most recent call last)"):
             self._state[prefix] = "frames"
             return True

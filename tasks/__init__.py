@@ -8,9 +8,9 @@ from pathlib import Path
 
 from tasks.evaluate import evaluate_checkpoint
 from tasks.prepare import prepare_gsm8k
-from tasks.train import train_grpo
+from tasks.train import train_grpo, train_task
 
-__all__ = ["evaluate_checkpoint", "prepare_gsm8k", "train_grpo", "unless_missing"]
+__all__ = ["evaluate_checkpoint", "prepare_gsm8k", "train_grpo", "train_task", "unless_missing"]
 
 
 def unless_missing(task, *outputs: str | Path):

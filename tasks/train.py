@@ -1,6 +1,8 @@
 """Train: the real trainer through torchrun (one node or c10d) or Slurm, cached on the pipeline key.
 
-A retry (or a re-run after a crash) resumes from the run's last checkpoint: ``trainer.resume_mode=auto``.
+A retry (or a re-run after a crash) resumes from the run's last checkpoint: ``trainer.resume_mode=auto``. A crash
+or a hang (launch/watchdog.py) is retried ``tracking.train_retries`` times, ``tracking.train_retry_delay_s`` apart
+(``train_task``); a run stopped on purpose is not (tasks/retry.py).
 """
 
 from prefect import get_run_logger, task
@@ -37,3 +39,11 @@ def train_grpo(config_path: str | None, overrides: list[str], mlflow_run_id: str
         raise RuntimeError(f"training ended without a checkpoint under {cfg.trainer.default_local_dir}")
     rows = training_rows(cfg.trainer.default_local_dir)
     return {"checkpoint": str(latest), "steps": len(rows), "log_dir": str(log_dir)}
+
+
+def train_task(cfg, refresh_cache: bool = False):
+    """``train_grpo`` with the config's retry policy."""
+    t = cfg.tracking
+    return train_grpo.with_options(
+        retries=t.train_retries, retry_delay_seconds=t.train_retry_delay_s, refresh_cache=refresh_cache
+    )

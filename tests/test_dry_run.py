@@ -176,6 +176,8 @@ INVALID = [
     (["launch.node_rank=-1"], "launch.node_rank=-1 must be in [0, trainer.nnodes=1)"),
     (["launch.launcher=mpirun"], "launch.launcher='mpirun' is not valid; valid: ['torchrun', 'slurm']"),
     (["launch.stuck_timeout_s=0"], "launch.stuck_timeout_s=0.0 must be > 0"),
+    (["trainer.hang_timeout_s=0"], "trainer.hang_timeout_s=0.0 must be > 0 (or null: automatic)"),
+    (["tracking.train_retries=-1"], "tracking.train_retries=-1 must be >= 0"),
     # a run directory that cannot be made: refused here, not as a FileExistsError when its lock is taken
     ([f"trainer.default_local_dir={BASE}"], f"trainer.default_local_dir={BASE}: {BASE} is a file, not a directory"),
     ([f"trainer.default_local_dir={BASE}/run"], f"trainer.default_local_dir={BASE}/run: {BASE} is a file, not a"),

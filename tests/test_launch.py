@@ -273,8 +273,8 @@ def test_the_timeout_asks_the_ranks_to_stop_and_they_save_their_step(tmp_path):
 
 
 def test_the_pipeline_retries_a_failed_launch_but_not_a_stopped_one():
-    """The train task's retry condition: a crashed rank is worth a retry; a run stopped on purpose or out of time
-    (its last step saved) is not, or a cancelled pipeline would start training again 30 s later."""
+    """The train task's retry condition: a crashed rank or a hang is worth a retry; a run stopped on purpose or out
+    of time (its last step saved) is not, or a cancelled pipeline would start training again 30 s later."""
     from prefect.states import Failed
 
     from tasks.retry import transient
@@ -282,7 +282,7 @@ def test_the_pipeline_retries_a_failed_launch_but_not_a_stopped_one():
     def retried(kind: str) -> bool:
         return transient(None, None, Failed(data=LaunchError("node 0: ...", kind=kind)))
 
-    assert retried("failed") and retried("stuck")
+    assert retried("failed") and retried("stuck") and retried("hang")
     assert not retried("stopped") and not retried("timeout") and not retried("cancelled")
 
 

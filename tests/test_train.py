@@ -146,12 +146,12 @@ def test_each_mode_learns_the_capitals_task(mode, tmp_path, capitals, learner_mo
         assert max(m["batch/gen_batches"] for m in rows) > 1  # all-wrong groups were dropped and redrawn
 
 
-def test_tp2_run_resumes_from_its_checkpoint(tmp_path, capitals):
+def test_tp2_run_with_diagnostics_and_nothing_listening_beyond_loopback(tmp_path, capitals):
     """Two processes at TP=2 (an HF engine on each rank, fed the gathered weights), a checkpoint per
-    step; a second invocation with more steps resumes after the last one instead of starting over.
-    The first run also carries the diagnostics: TensorBoard, a profiled step 2, GPU sampling; and no process
-    of it (launcher, torchrun's agent, ranks) listens beyond loopback: not the rendezvous store, not the ranks'
-    store, not gloo."""
+    step, the diagnostics: TensorBoard, a profiled step 2, GPU sampling; and no process of the run (launcher,
+    torchrun's agent, ranks) listens beyond loopback: not the rendezvous store, not the ranks' store, not gloo.
+    A TP=2 run resumed from its checkpoint: tests/test_watchdog.py (a hang at step 3, retried: steps 1-3 equal
+    an uninterrupted run's exactly)."""
     model = tiny_model_dir(tmp_path / "model")
     run = tmp_path / "run"
     common = [
@@ -171,11 +171,7 @@ def test_tp2_run_resumes_from_its_checkpoint(tmp_path, capitals):
     assert "Apex is not installed" not in first.stderr and "[library]" not in first.stderr
     assert "[library] UserWarning: Apex is not installed" in (run / "launch" / "node0.log").read_text()
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000002"
-    second = grpo_train(run, *common, "trainer.total_training_steps=3")
-    assert second.returncode == 0, second.stderr[-4000:]
-    assert "resumed from" in second.stderr
-    steps = [m["step"] for m in metrics(run)]
-    assert steps == [1, 2, 3], steps  # step 3 only: nothing before it was redone
+    assert [m["step"] for m in metrics(run)] == [1, 2]
     for m in metrics(run):
         assert m["rollout/log_prob_diff_max"] < 1e-3, m  # both ranks' engines follow the TP-sharded actor
         assert m["timing/update"] > 0 and m["perf/throughput"] > 0

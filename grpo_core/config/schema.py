@@ -354,6 +354,12 @@ class TrainerConfig:
     resume_mode: str = setting("auto", "auto (latest checkpoint), disable, resume_path, or a checkpoint path")
     resume_from_path: str | None = setting(None, "the checkpoint to resume from when resume_mode=resume_path")
     max_actor_ckpt_to_keep: int | None = setting(2, "newest checkpoints kept; older ones are deleted (null: all)")
+    hang_timeout_s: float | None = setting(
+        None,
+        "a phase of a step (gen, old_log_prob, ref, update, sync) still running on a rank after this long is a hang: "
+        "every rank's Python stacks go to the log and the job ends (null: 5 x the slowest step so far, at least "
+        "600 s; 3600 s until a step has finished)",
+    )
     profile_steps: list[int] = setting(
         [], "steps (as logged, from 1) run under torch.profiler: trace in <default_local_dir>/profile/, comm share"
     )
@@ -420,6 +426,10 @@ class TrackingConfig:
         None, "where models:/NAME@ALIAS model paths are downloaded, per version (null: ~/.cache/grpo/models)"
     )
     log_model: bool = setting(True, "log the trained model as an artifact and register it")
+    train_retries: int = setting(
+        1, "the pipeline's train task: retries after a crash or a hang, each resuming from the last checkpoint"
+    )
+    train_retry_delay_s: float = setting(30.0, "the pipeline's train task: seconds before a retry")
 
 
 @dataclass

@@ -664,6 +664,8 @@ def _check_launch(cfg: GRPOConfig, r: Report) -> None:
             r.errors.append(f"launch.{key}={value} must be > 0 (or null: no limit)")
     if launch.stop_grace_s < 0:
         r.errors.append(f"launch.stop_grace_s={launch.stop_grace_s} must be >= 0")
+    if (hang := cfg.trainer.hang_timeout_s) is not None and hang <= 0:
+        r.errors.append(f"trainer.hang_timeout_s={hang} must be > 0 (or null: automatic)")
 
 
 def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
@@ -683,6 +685,9 @@ def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
     _check_launch(cfg, r)
     if not 0 < cfg.tracking.champion_alpha <= 1:
         r.errors.append(f"tracking.champion_alpha={cfg.tracking.champion_alpha} must be in (0, 1]")
+    for key in ("train_retries", "train_retry_delay_s"):
+        if (value := getattr(cfg.tracking, key)) < 0:
+            r.errors.append(f"tracking.{key}={value} must be >= 0")
     layout = actor_layout(cfg)
     _check_batches(cfg, layout, r)
     if shape is not None:

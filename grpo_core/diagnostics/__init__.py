@@ -5,7 +5,8 @@ profiler ranges with the phase, profiles the steps in ``trainer.profile_steps`` 
 communication share, ``profile.py``), explains an error raised in a phase (``advice.py``) on the
 rank's stderr before letting it go on, warns once when the GPUs idle or wait on collectives, and counts the
 step's hidden costs: garbage-collection pauses (``gc_pauses.py``), torch.compile's work and the CUDA
-allocator's driver calls (``counters.py``).
+allocator's driver calls (``counters.py``). It also records each phase's entry and exit for the hang watchdog
+(launch/watchdog.py), which ends a job whose phase runs past ``trainer.hang_timeout_s``.
 """
 
 import gzip
@@ -32,6 +33,7 @@ from grpo_core.diagnostics.counters import StepDeltas, allocator_totals, compile
 from grpo_core.diagnostics.gc_pauses import GcPauses
 from grpo_core.diagnostics.gpu import GpuSampler, gpu_metrics
 from grpo_core.diagnostics.profile import comm_shares, kernel_shares, read_trace, sync_counts
+from grpo_core.launch.watchdog import PhaseRecorder
 from grpo_core.models.shape import ModelShape
 from grpo_core.planning.budget import estimate_memory
 from grpo_core.planning.memory import MemoryEstimate
@@ -50,16 +52,18 @@ class RunDiagnostics:
         self._phases: list[str] = []
         self._warned: set[str] = set()
         self._steps = 0
+        self.watch = PhaseRecorder.from_env(cfg.trainer.hang_timeout_s)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Tag GPU samples and the profile with ``name``; explain an error raised in it, then re-raise it."""
+        """Tag GPU samples and the profile with ``name``, record it for the hang watchdog; explain an error raised
+        in it, then re-raise it."""
         if name not in self._phases:
             self._phases.append(name)
         if self.sampler is not None:
             self.sampler.phase = name
         try:
-            with torch.profiler.record_function(name):
+            with self.watch.phase(name), torch.profiler.record_function(name):
                 yield
         except Exception as e:
             if advice := failure_advice(e, self.cfg, name, self.rank, self._estimate(), os.environ):
@@ -71,6 +75,7 @@ class RunDiagnostics:
 
     def begin_step(self, step: int) -> None:
         """Start the profiler if ``step`` (as logged, from 1) is one of ``trainer.profile_steps``."""
+        self.watch.begin_step(step)
         if step in self.cfg.trainer.profile_steps:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if torch.cuda.is_available():
@@ -83,6 +88,7 @@ class RunDiagnostics:
     def end_step(self, step: int) -> dict[str, float]:
         """This step's ``gpu/*`` and (profiled steps) ``profile/*`` metrics; rank 0 warns about them once."""
         self._steps += 1
+        self.watch.end_step()
         metrics = gpu_metrics(self.sampler.take()) if self.sampler is not None else {}
         metrics |= self.gc.take()
         for counter in self.counters:

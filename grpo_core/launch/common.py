@@ -50,6 +50,11 @@ class LaunchError(RuntimeError):
     def rank(self) -> int | None:
         return self.failure.rank if self.failure else None
 
+    def amended(self, more: str) -> "LaunchError":
+        """This error, ``more`` added to its line."""
+        self.args = (f"{self}; {more}",)
+        return self
+
     def report(self) -> str:
         """The one-line message followed by the log tail, for printing."""
         return f"{self}\n--- log tail ({self.log_path}) ---\n{self.log_tail}"

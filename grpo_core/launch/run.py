@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from grpo_core.launch import run_lock, slurm, torchrun
-from grpo_core.launch.common import trainer_command
+from grpo_core.launch.common import LaunchError, trainer_command
 from grpo_core.polling import polling
 from grpo_core.quiet import Tracebacks, is_marked
 
@@ -37,8 +37,8 @@ def run_training(
 ) -> Path:
     """Run ``python -m grpo_core.trainer.main_ppo [--config F] overrides...`` on every rank of this node (or
     of the Slurm job) with ``trainer.env`` and ``extra_env`` set. Returns the log directory; raises
-    ``LaunchError`` when the job fails, is killed, hangs past ``launch.stuck_timeout_s`` or runs past
-    ``launch.timeout_s``."""
+    ``LaunchError`` when the job fails, is killed, hangs (``launch.stuck_timeout_s``, ``trainer.hang_timeout_s``:
+    the error then names the newest checkpoint) or runs past ``launch.timeout_s``."""
     launch_cfg = cfg.launch
     log_dir = Path(cfg.trainer.default_local_dir).resolve() / "launch"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -48,7 +48,11 @@ def run_training(
     stuck_s = launch_cfg.stuck_timeout_s
     if launch_cfg.launcher == "slurm":
         before = set(log_dir.glob("slurm-*.log"))
-        with _echoing(echo, lambda: next(iter(set(log_dir.glob("slurm-*.log")) - before), None)):
+
+        def job_log() -> Path | None:
+            return next(iter(set(log_dir.glob("slurm-*.log")) - before), None)
+
+        with _naming_the_newest_checkpoint(cfg), _echoing(echo, job_log):
             slurm.launch(
                 cfg,
                 command,
@@ -69,7 +73,7 @@ def run_training(
     members = run_lock.members_fd(run_dir)  # and each rank takes a share of its own (launch/run_lock.py)
     node_log = torchrun.NodeLogs(log_dir, node_rank).node_log
     node_log.unlink(missing_ok=True)  # so the echo never shows the last run's log
-    with _echoing(echo, lambda: node_log if node_log.exists() else None):
+    with _naming_the_newest_checkpoint(cfg), _echoing(echo, lambda: node_log if node_log.exists() else None):
         torchrun.launch(
             cfg,
             command,
@@ -84,6 +88,20 @@ def run_training(
             pass_fds=() if members is None else (members,),
         )
     return log_dir
+
+
+@contextmanager
+def _naming_the_newest_checkpoint(cfg: Any) -> Iterator[None]:
+    """A job killed for making no progress saved nothing: its error names the checkpoint that is left."""
+    try:
+        yield
+    except LaunchError as e:
+        if e.kind in torchrun.NO_PROGRESS:
+            from grpo_core.trainer.checkpoint import CheckpointManager  # torch: imported only here
+
+            newest = CheckpointManager.for_run(cfg.trainer).latest()
+            e.amended(f"the newest checkpoint is {newest}" if newest else "no checkpoint was saved")
+        raise
 
 
 def _port(endpoint: str | None) -> int | None:

@@ -5,8 +5,12 @@ in its own session with the config's environment, writes the agent's output (whi
 output) to ``node{R}.log``, and raises ``LaunchError`` naming the first failed rank when torchrun fails.
 ``launch`` joins the two for a config.
 
-Never a hang: an overall timeout and a "stuck" guard (no new output in the node log and no touch of the
-heartbeat file for ``stuck_s`` seconds) stop the job. The timeout, and SIGTERM or Ctrl-C to this process, first
+Never a hang: an overall timeout, a "stuck" guard (no new output in the node log and no touch of the
+heartbeat file for ``stuck_s`` seconds) and the hang watchdog (a phase of a training step that some rank has not
+finished within its limit: launch/watchdog.py, reading the records the ranks write to ``phases/``) stop the job.
+The stuck guard and the watchdog first have every rank write its threads' Python stacks to the node log (copied
+to ``node{R}-stacks.log``, which a later launch keeps), then kill the job: ranks that make no progress would not
+act on a stop request. The timeout, and SIGTERM or Ctrl-C to this process, first
 ask the ranks to stop: they get SIGTERM (the agent does not: it would give them only 30 s), finish the step in
 flight, save it and exit; after ``stop_grace_s`` they are killed (a second Ctrl-C kills at once). Ranks still
 setting up die of the SIGTERM (trainer/stop.py: nothing to save yet), and the error says so.
@@ -18,8 +22,9 @@ outright (SIGKILL from a Prefect worker cancelling a flow run, the OOM killer), 
 (launch/agent.py; any other command started here gets it from the kernel, ``PR_SET_PDEATHSIG``) and stops its
 ranks, which save the step in flight and keep the run directory until they end (launch/run_lock.py).
 
-Simplification: the stuck guard watches output, not progress; a trainer that is silent for longer than
-``stuck_s`` (a long checkpoint save, say) should touch ``$GRPO_HEARTBEAT_FILE``.
+Simplification: the stuck guard watches output, not progress (the watchdog watches the phases of a step); a
+trainer that is silent for longer than ``stuck_s`` (a long checkpoint save, say) should touch
+``$GRPO_HEARTBEAT_FILE``.
 """
 
 import contextlib
@@ -50,12 +55,14 @@ from grpo_core.launch.common import (
     parse_root_causes,
     tail,
 )
+from grpo_core.launch.watchdog import DUMP_SIGNAL, PHASE_DIR_VAR, clear_records, find_hang, read_records
 
 log = logging.getLogger(__name__)
 
 AGENT_MODULE = "grpo_core.launch.agent"  # torchrun, stopped once when its launcher dies (launch/agent.py)
 LAUNCH_ID_VAR = "GRPO_LAUNCH_ID"
 HEARTBEAT_VAR = "GRPO_HEARTBEAT_FILE"
+NO_PROGRESS = ("stuck", "hang")  # guards that kill at once, after a stack dump: a stop request would go unheard
 
 
 def torchrun_argv(
@@ -121,7 +128,9 @@ def _split_python(command: Sequence[str]) -> tuple[str, list[str]]:
 @dataclass(frozen=True)
 class NodeLogs:
     """Where one node's launch writes: ``node{R}.log`` (agent output with every rank's lines), ``node{R}-ranks/``
-    (torchrun's per-rank logs), ``node{R}-error.json`` (torchrun's error file) and ``node{R}-heartbeat``."""
+    (torchrun's per-rank logs), ``node{R}-error.json`` (torchrun's error file), ``node{R}-heartbeat``,
+    ``node{R}-stacks.log`` (the ranks' stacks when the job was killed for making no progress) and ``phases/``
+    (every rank's phase record, shared by the nodes: launch/watchdog.py)."""
 
     root: Path
     node_rank: int = 0
@@ -141,6 +150,14 @@ class NodeLogs:
     @property
     def heartbeat(self) -> Path:
         return self.root / f"node{self.node_rank}-heartbeat"
+
+    @property
+    def stacks(self) -> Path:
+        return self.root / f"node{self.node_rank}-stacks.log"
+
+    @property
+    def phases(self) -> Path:
+        return self.root / "phases"
 
 
 @dataclass(frozen=True)
@@ -207,12 +224,14 @@ def run_node(
     logs.root.mkdir(parents=True, exist_ok=True)
     for stale in (logs.error_file, logs.heartbeat):
         stale.unlink(missing_ok=True)
+    clear_records(logs.phases)  # every node's launcher starts before any rank of the job can write one
     full_env = {
         **os.environ,
         **(env or {}),
         LAUNCH_ID_VAR: launch_id,
         LAUNCHER_PID_VAR: str(os.getpid()),
         HEARTBEAT_VAR: str(logs.heartbeat),
+        PHASE_DIR_VAR: str(logs.phases),
         "TORCHELASTIC_ERROR_FILE": str(logs.error_file),
     }
     shown = shlex.join(masked_command(argv))  # secret-looking values as *** (config/secrets.py)
@@ -234,16 +253,19 @@ def run_node(
         try:
             with _stop_requests() as asked:
                 returncode, guard = _wait(proc, logs, start, timeout_s, stuck_s, poll_s, asked)
-                if guard is not None and guard[0] != "stuck":  # live ranks can still save their step
+                if guard is not None and guard[0] not in NO_PROGRESS:  # live ranks can still save their step
                     returncode = _stop_ranks(proc, stop_grace_s, _forwarded(asked))
-            if guard is not None and returncode is None:
-                _terminate(proc, grace_s)
+            stacks = guard is not None and guard[0] in NO_PROGRESS and _dump_stacks(proc, logs)
+            if guard is not None and returncode is None and not stacks:
+                _terminate(proc, grace_s)  # (ranks that dumped their stacks are killed at once: no "stopping" line)
         finally:
             kill_launch(proc, launch_id)
     seconds = time.monotonic() - start
     if guard is not None:
         kind, why = guard
         ended = _how_they_ended(returncode, seconds, _node_failure(logs), _forwarded(asked))
+        if stacks:
+            ended += f"; the ranks' Python stacks are in {logs.stacks}"
         raise LaunchError(
             f"node {logs.node_rank}: {kind}: {why}; {ended} (log: {logs.node_log})",
             kind=kind,
@@ -286,8 +308,8 @@ def _wait(
     poll_s: float,
     asked: list[int],
 ) -> tuple[int | None, tuple[str, str] | None]:
-    """(return code, None) when torchrun exits, or (None, (guard, why)) when a stop is ``asked`` or the timeout or
-    stuck guard fires."""
+    """(return code, None) when torchrun exits, or (None, (guard, why)) when a stop is ``asked`` or the timeout,
+    the stuck guard or the hang watchdog fires."""
     last_seen, last_change = _activity(logs), start
     while True:
         try:
@@ -299,6 +321,8 @@ def _wait(
         now = time.monotonic()
         if now - start > timeout_s:
             return None, ("timeout", f"still running after the {timeout_s:g} s limit")
+        if (hang := find_hang(read_records(logs.phases), time.time())) is not None:
+            return None, ("hang", hang.describe())
         seen = _activity(logs)
         if seen != last_seen:
             last_seen, last_change = seen, now
@@ -385,6 +409,38 @@ def _children(pid: int) -> list[int]:
         if fields and int(fields[1]) == pid:
             found.append(int(entry.name))
     return found
+
+
+def _dump_stacks(proc: subprocess.Popen, logs: NodeLogs, settle_s: float = 1.0, most_s: float = 10.0) -> bool:
+    """Ask each rank for its threads' Python stacks (``DUMP_SIGNAL``, launch/watchdog.py) and wait until the node
+    log has had them (it grew, then nothing came for ``settle_s``; at most ``most_s``); copy what came to
+    ``logs.stacks``. Whether it holds a stack (a rank that did not arm the dump dies of the signal instead)."""
+    offset, ranks = _size(logs.node_log), _children(proc.pid)
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, DUMP_SIGNAL)
+    if not ranks:
+        return False
+    begun = changed = time.monotonic()
+    size = offset
+    while time.monotonic() - begun < most_s and (size == offset or time.monotonic() - changed < settle_s):
+        time.sleep(0.1)
+        if (now := _size(logs.node_log)) != size:
+            size, changed = now, time.monotonic()
+    with open(logs.node_log, "rb") as node_log:
+        node_log.seek(offset)
+        dumped = node_log.read()
+    if b"(most recent call first)" not in dumped:
+        return False
+    logs.stacks.write_bytes(dumped)
+    return True
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _terminate(proc: subprocess.Popen, grace_s: float) -> None:

@@ -47,6 +47,7 @@ NOT_IN_KEY = (
     "evaluation.",
     "launch.",
     "trainer.logger",
+    "trainer.hang_timeout_s",
     "trainer.project_name",
     "trainer.experiment_name",
 )

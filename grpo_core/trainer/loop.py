@@ -34,6 +34,7 @@ from grpo_core.config import GRPOConfig, to_flat_dict
 from grpo_core.data.batch import RolloutBatch
 from grpo_core.data.prompts import Prompt, PromptSampler, decode_responses, load_prompts
 from grpo_core.diagnostics import RunDiagnostics
+from grpo_core.launch.watchdog import arm_stack_dumps
 from grpo_core.models.bridge import gather_hf_weights
 from grpo_core.models.shape import ModelShape, hf_overrides, model_weights_dir, read_hf_config, with_overrides
 from grpo_core.numerics import NotFinite, first_non_finite
@@ -114,6 +115,7 @@ class TrainingSetup:
 
 def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
     """Run the configured number of steps (resuming if a checkpoint is there); the last step's metrics."""
+    arm_stack_dumps()  # the launcher's hang watchdog asks for every thread's stack (launch/watchdog.py)
     setup = set_up(cfg, shape)
     stop = StopRequest()  # SIGTERM during set-up kills (nothing to save yet); from here on it stops after a step
     try:
