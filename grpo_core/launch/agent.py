@@ -19,8 +19,8 @@ import threading
 import time
 
 from grpo_core.launch import rendezvous
+from grpo_core.launch.torchrun import LAUNCHER_PID_VAR
 
-LAUNCHER_PID_VAR = "GRPO_LAUNCHER_PID"
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 

@@ -45,7 +45,6 @@ from typing import Any
 
 from grpo_core.config.secrets import masked_command
 from grpo_core.launch import rendezvous
-from grpo_core.launch.agent import LAUNCHER_PID_VAR
 from grpo_core.launch.common import (
     JobShape,
     LaunchError,
@@ -61,6 +60,7 @@ log = logging.getLogger(__name__)
 
 AGENT_MODULE = "grpo_core.launch.agent"  # torchrun, stopped once when its launcher dies (launch/agent.py)
 LAUNCH_ID_VAR = "GRPO_LAUNCH_ID"
+LAUNCHER_PID_VAR = "GRPO_LAUNCHER_PID"  # the agent stops once this process is gone (launch/agent.py)
 HEARTBEAT_VAR = "GRPO_HEARTBEAT_FILE"
 NO_PROGRESS = ("stuck", "hang")  # guards that kill at once, after a stack dump: a stop request would go unheard
 
