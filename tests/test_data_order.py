@@ -1,6 +1,6 @@
 """New data, exactly once (issue 38): the order the sampler draws rows in when the training set grows, the rows a
-run has seen, and the data a checkpoint's position counts in. Pure functions on CPU; the pipeline's side is in
-tests/test_deployment.py's nightly run."""
+run has seen, the data a checkpoint's position counts in, and which inputs of a scheduled run changed. Pure
+functions on CPU; the pipeline's side is in tests/test_deployment.py's nightly run."""
 
 import json
 
@@ -119,6 +119,36 @@ def test_a_data_position_in_another_training_set_is_refused_in_one_line(tmp_path
         check_same_data(checkpoint, {**saved, "seen_sha256": seen_digest(frozenset({"0123456789abcdef"}))})
     (checkpoint / STATE_FILE).write_text(json.dumps({"step": 3, "data_position": 3}))
     check_same_data(checkpoint, {**saved, "train_sha256": "b" * 64})  # saved before issue 38: taken as it is
+
+
+def test_a_scheduled_run_says_which_of_its_inputs_changed():
+    from grpo_core.tracking.pipeline_run import inputs_verdict
+
+    now = {
+        "grpo.inputs.data_sha256": "d" * 64,
+        "grpo.inputs.config": "0123456789abcdef",
+        "grpo.inputs.start_model": "models:/m/2",
+    }
+    assert inputs_verdict(None, now) == (False, "training: there is no finished scheduled run to compare with")
+    same = inputs_verdict(("r1", {**now, "other": "x"}), now)
+    assert same == (
+        True,
+        f"nothing to train: the training data (sha256 {'d' * 12}), the resolved config (0123456789abcdef) and the "
+        "start model (models:/m/2) are those of the last scheduled run (MLflow run r1)",
+    )
+    grown = inputs_verdict(("r1", {**now, "grpo.inputs.data_sha256": "c" * 64}), now)
+    assert grown == (
+        False,
+        f"training: since the last scheduled run (MLflow run r1), the training data changed (sha256 {'c' * 12} -> "
+        f"sha256 {'d' * 12}); the resolved config and the start model did not",
+    )
+    promoted = inputs_verdict(("r1", {**now, "grpo.inputs.start_model": "models:/m/1", "grpo.inputs.config": "f"}), now)
+    assert promoted[1] == (
+        "training: since the last scheduled run (MLflow run r1), the resolved config changed (f -> 0123456789abcdef) "
+        "and the start model changed (models:/m/1 -> models:/m/2); the training data did not"
+    )
+    before = inputs_verdict(("r0", {"grpo.inputs_key": "x"}), now)  # a run from before the inputs were recorded
+    assert not before[0] and "the training data changed (not recorded -> sha256 " in before[1]
 
 
 def test_the_pipelines_train_task_refuses_a_checkpoint_of_another_training_set_before_any_rank_starts(tmp_path):
