@@ -15,11 +15,12 @@ from prefect.runtime import flow_run
 
 from grpo_core.config import ConfigError
 from grpo_core.config.load import load_config
-from grpo_core.data.lineage import file_sha256
-from grpo_core.evaluation.gsm8k import METRICS_FILE
+from grpo_core.data.lineage import dataset_digest
+from grpo_core.evaluation.gsm8k import METRICS_FILE, read_eval_set
 from grpo_core.evaluation.run import EvalSettings
 from grpo_core.launch import run_lock
 from grpo_core.tracking.mlflow_run import quick_http, tracking_uri
+from grpo_core.tracking.promotion import eval_set_tags, judge_note
 from grpo_core.tracking.registry import RegistryModel, RegistryUnreachable, champion_uri, eval_dir, fetch_model
 from grpo_core.trainer.checkpoint import CheckpointManager
 from grpo_core.trainer.dry_run import resolve_run
@@ -87,19 +88,21 @@ def grpo_pipeline(
     becomes the registry's champion only when it beats the current one (see grpo_core/tracking/promotion.py).
 
     ``start_from_champion``: train from ``models:/NAME@champion`` when there is one (else the config's model).
-    ``skip_unchanged``: a scheduled run; when its start model version, data and resolved config are those of
-    the last finished scheduled run, train nothing and say so."""
+    ``skip_unchanged``: a scheduled run; when its start model version, training data and resolved config are
+    those of the last finished scheduled run, train nothing; either way say which of them changed."""
     from grpo_core.tracking.pipeline_run import (
         INPUTS_TAG,
         SCHEDULED_TAG,
         evaluation_file,
         inputs_key,
+        inputs_verdict,
         last_scheduled_run,
         log_pipeline_datasets,
         markdown_report,
         open_pipeline_run,
         pipeline_key,
         record_results,
+        scheduled_inputs,
         uplift_line,
     )
 
@@ -126,22 +129,23 @@ def grpo_pipeline(
     log.info("data: %s", data["rows"])
     eval_file = evaluation_file(cfg)
 
-    inputs = inputs_key(cfg)
-    if skip_unchanged and (last := last_scheduled_run(cfg)) is not None and last[1] == inputs:
-        start = run.start_model.canonical if run.start_model else cfg.actor_rollout_ref.model.path
-        message = (
-            f"nothing to train: the start model ({start}), the training data and the resolved config are those "
-            f"of the last scheduled run (MLflow run {last[0]}, inputs key {inputs})"
-        )
-        log.info(message)
-        create_markdown_artifact(f"# GRPO pipeline: skipped\n\n{message}\n", key="grpo-pipeline-report")
-        return {"skipped": True, "reason": message, "mlflow_run_id": last[0], "prefect_flow_run_id": str(flow_run.id)}
+    start = run.start_model.canonical if run.start_model else cfg.actor_rollout_ref.model.path
+    inputs, changed = scheduled_inputs(cfg, start), ""
+    if skip_unchanged:
+        last = last_scheduled_run(cfg)
+        unchanged, changed = inputs_verdict(last, inputs)  # which of data, config and start model changed
+        log.info(changed)
+        if unchanged:
+            create_markdown_artifact(f"# GRPO pipeline: skipped\n\n{changed}\n", key="grpo-pipeline-report")
+            flow_id = str(flow_run.id)
+            return {"skipped": True, "reason": changed, "mlflow_run_id": last[0], "prefect_flow_run_id": flow_id}
 
     hold_run_dir(run_dir)  # from here on the run directory is written: one run at a time
     tags = {
         "prefect.flow_run_id": str(flow_run.id),
         "prefect.flow_run_name": str(flow_run.name),
-        INPUTS_TAG: inputs,
+        INPUTS_TAG: inputs_key(cfg),
+        **inputs,
         SCHEDULED_TAG: str(skip_unchanged).lower(),
     }
     if run.start_model is not None:
@@ -149,7 +153,7 @@ def grpo_pipeline(
     mlflow_run = open_pipeline_run(cfg, pipeline_key(cfg), tags, run_dir)
     log_pipeline_datasets(mlflow_run, cfg)  # the run page's Datasets panel: training and evaluation sets
     settings = settings_dict(EvalSettings.from_config(cfg))
-    data_digest = file_sha256(eval_file)
+    data_digest = dataset_digest([eval_file])  # the evaluation set's: a champion's evaluation is kept per set
     eval_dirs = {"base": run_dir / "eval" / "base", "trained": run_dir / "eval" / "trained"}
     if run.start_model is not None:  # kept with the version: a champion start is evaluated once
         eval_dirs["base"] = eval_dir(run.start_model, data_digest, settings)
@@ -169,7 +173,10 @@ def grpo_pipeline(
         except RegistryUnreachable as e:  # an outage: train and evaluate anyway, never promote blind
             log.warning("%s: cannot compare with the champion; the new version will not be promoted", e)
             champion_known = False
-        if champion is not None:  # the same questions and settings, once per champion version
+        if champion is not None:  # the same questions and settings, once per champion version and evaluation set
+            if judged := read_eval_set(eval_dirs["trained"]):
+                note = judge_note(champion.tags, eval_set_tags(judged), f"champion version {champion.version}")
+                log.info(note or f"the evaluation set is the one champion version {champion.version} was judged on")
             eval_dirs["champion"] = eval_dir(champion, data_digest, settings)
             evaluate_champion = unless_missing(evaluate_checkpoint, eval_dirs["champion"] / METRICS_FILE)
             evaluate_champion(str(champion.path), eval_file, str(eval_dirs["champion"]), settings)
@@ -184,6 +191,7 @@ def grpo_pipeline(
             Path(checkpoint) / "hf",
             champion_version=champion.version if champion else None,
             champion_known=champion_known,
+            champion_tags=champion.tags if champion else None,
         )
     except BaseException:
         mlflow_run.finish("FAILED")  # a re-run with the same key continues this run
@@ -195,4 +203,4 @@ def grpo_pipeline(
     mlflow_run.close()
     # one line: `grpo pipeline` prints the details itself, and a deployment's run shows the report as an artifact
     log.info("accuracy %.4f -> %.4f, uplift %s", summary.accuracy_baseline, summary.accuracy, uplift_line(summary))
-    return {**asdict(summary), "prefect_flow_run_id": str(flow_run.id)}
+    return {**asdict(summary), "prefect_flow_run_id": str(flow_run.id), "inputs": changed}

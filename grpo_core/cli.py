@@ -87,15 +87,22 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _check_resume_point(run, checkpoint: Path) -> None:
-    """CheckpointError when a (verified) checkpoint cannot be resumed here: another model, or per-rank optimizer
-    shards of another TP/PP."""
-    from grpo_core.trainer.checkpoint import check_optimizer_layout, check_same_model, contents_setting
+    """CheckpointError when a (verified) checkpoint cannot be resumed here: another model, per-rank optimizer
+    shards of another TP/PP, or a data position in another training set."""
+    from grpo_core.data.prompts import position_data
+    from grpo_core.trainer.checkpoint import (
+        check_optimizer_layout,
+        check_same_data,
+        check_same_model,
+        contents_setting,
+    )
 
     actor = run.config.actor_rollout_ref.actor
     if "optimizer" in contents_setting(actor.checkpoint)[1]:
         tp, pp = actor.megatron.tensor_model_parallel_size, actor.megatron.pipeline_model_parallel_size
         check_optimizer_layout(checkpoint, tp, pp)
     check_same_model(checkpoint, run.shape)
+    check_same_data(checkpoint, position_data(run.config.data.train_files, run.config.actor_rollout_ref.model.path))
 
 
 def _launch(cfg, args: argparse.Namespace) -> int:
@@ -306,6 +313,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     if summary.get("skipped"):
         console.print(summary["reason"], markup=False, highlight=False, soft_wrap=True)
         return 0
+    if summary.get("inputs"):  # --skip-unchanged: which of the training data, config and start model changed
+        console.print(summary["inputs"], markup=False, highlight=False, soft_wrap=True)
     console.print(
         f"accuracy {summary['accuracy_baseline']:.4f} -> {summary['accuracy']:.4f}, "
         f"uplift {uplift_line(summary)}; {summary['throughput']:.1f} tokens/s per GPU",

@@ -8,12 +8,13 @@ or a hang (launch/watchdog.py) is retried ``tracking.train_retries`` times, ``tr
 from prefect import get_run_logger, task
 
 from grpo_core.config.load import load_config
+from grpo_core.data.prompts import position_data
 from grpo_core.launch import LaunchError, run_training
 from grpo_core.tracking import METRICS_FILE
 from grpo_core.tracking.follow import following, step_line
 from grpo_core.tracking.mlflow_run import RUN_ID_VAR
 from grpo_core.tracking.pipeline_run import pipeline_key, training_rows
-from grpo_core.trainer.checkpoint import CheckpointManager
+from grpo_core.trainer.checkpoint import CheckpointManager, check_same_data
 from tasks.retry import transient
 
 
@@ -26,6 +27,9 @@ def train_grpo(config_path: str | None, overrides: list[str], mlflow_run_id: str
     """Run every rank to the end, a line per step in the task's log; the last checkpoint and the steps trained."""
     cfg = load_config(config_path, overrides)
     log, total = get_run_logger(), cfg.trainer.total_training_steps
+    latest = CheckpointManager.for_run(cfg.trainer).latest()
+    if latest is not None and cfg.trainer.resume_mode == "auto":  # one line, no retry, before any rank starts
+        check_same_data(latest, position_data(cfg.data.train_files, cfg.actor_rollout_ref.model.path))
     metrics = f"{cfg.trainer.default_local_dir}/{METRICS_FILE}"
     log.info("training %s steps; the ranks' log: %s/launch", total or "the epochs'", cfg.trainer.default_local_dir)
     try:

@@ -500,3 +500,39 @@ def test_train_refuses_a_damaged_or_foreign_checkpoint_before_any_rank_starts(fa
     proc = grpo_train(run, *overrides, f"trainer.resume_mode={checkpoint}")
     assert one_error(proc).startswith(says), proc.stderr[-2000:]
     assert not (run / "launch").exists() and not (checkpoint / "PWNED").exists()
+
+
+def test_train_refuses_to_resume_a_data_position_in_another_training_set(uninterrupted, tmp_path):
+    """Issue 38: rows appended to the training set while a run's checkpoint is mid-epoch. Its data position counts
+    batches of the old set's order, so `grpo train` (resume_mode=auto, as the pipeline's retry runs it) refuses
+    in one line naming both sets' digests and what to do, before any rank starts: never a silent skip or repeat."""
+    from grpo_core.data.lineage import dataset_digest
+    from grpo_core.data.prompts import seen_digest
+    from grpo_core.models.shape import read_hf_config
+    from tests.support.tiny import TOKENIZER, capitals_data, tiny_model_dir
+    from tests.test_train import base_overrides, grpo_train
+
+    if not TOKENIZER.is_dir():
+        pytest.skip(f"{TOKENIZER} (the shared SmolLM2 tokenizer) is not present")
+    root, _ = uninterrupted
+    model, data = tiny_model_dir(tmp_path / "model"), capitals_data(tmp_path / "data", rows=20)
+    before = dataset_digest([data / "train.parquet"])
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoints" / "step_000003"
+    shutil.copytree(root / "step_000003", checkpoint)
+    # as a run of this model on those 20 rows saved it: batches of 8, two an epoch, three drawn (mid-epoch 2)
+    state = json.loads((checkpoint / STATE_FILE).read_text())
+    state |= {"hf_config": read_hf_config(str(model)), "data_position": 3}
+    state["data"] = {"train_digest": before, "rows": 20, "seen_sha256": seen_digest(frozenset())}
+    (checkpoint / STATE_FILE).write_text(json.dumps(state))
+    write_manifest(checkpoint)
+    capitals_data(tmp_path / "data", rows=24)  # 4 rows appended
+    after = dataset_digest([data / "train.parquet"])
+    proc = grpo_train(run, *base_overrides(model, data, 4))
+    assert one_error(proc) == (
+        f"error: {checkpoint / STATE_FILE}: its data position (3 batches) counts in another training set (digest "
+        f"{before[:12]} there, {after[:12]} here), so resuming would skip or repeat rows; train afresh "
+        "(trainer.resume_mode=disable or a new trainer.default_local_dir), from its weights if you like: "
+        f"`grpo export {checkpoint} DIR`, then actor_rollout_ref.model.path=DIR (the rows it drew come last)"
+    )
+    assert not (run / "launch").exists()  # no rank started

@@ -77,15 +77,27 @@ def metrics_rows(run_dir: Path) -> list[dict]:
 def test_nightly_trains_from_the_champion_and_a_second_run_with_nothing_new_trains_nothing(tmp_path):
     """The nightly deployment twice: the first trains from models:/NAME@champion (its first step's log-probs
     are the champion's: the same as training from the champion's own directory), the second has the same
-    start version, data and config, so it trains nothing and ends in seconds."""
+    start version, data and config, so it trains nothing, says which inputs are the same, and ends in seconds.
+    Issue 38: the champion records the rows its training drew (all but 6 of the training set), so the first run
+    draws those 6 first; the version it registers records the data that trained it and the questions that
+    judged it (the champion records none: the comparison says so)."""
     from mlflow import MlflowClient
 
+    from grpo_core.data.gsm8k import prepare_gsm8k
+    from grpo_core.data.lineage import dataset_digest
+    from grpo_core.data.prompts import SEEN_FILE, load_rows, row_id
     from tests.test_registry import register
 
     if not TOKENIZER.is_dir():
         pytest.skip(f"{TOKENIZER} (the shared SmolLM2 tokenizer) is not present")
     base = tiny_model_dir(tmp_path / "base", seed=1)
     champion = tiny_model_dir(tmp_path / "champion", seed=2)
+    prepare_gsm8k("embedded", tmp_path / "seen", progress=False)  # the training set the pipeline prepares
+    rows = load_rows(tmp_path / "seen" / "train.parquet")
+    ids = [row_id(row["prompt"], row["reward_model"]["ground_truth"]) for row in rows]
+    shortest = sorted(range(len(rows)), key=lambda i: len(rows[i]["prompt"][0]["content"]))[:6]
+    new = {ids[i] for i in shortest}  # new to the champion (short: none is dropped as overlong)
+    (champion / SEEN_FILE).write_text(json.dumps({"rows_seen": sorted(set(ids) - new)}))
     with mlflow_server(tmp_path / "mlflow") as mlflow_uri, prefect_server(tmp_path / "prefect") as api:
         client = MlflowClient(mlflow_uri)
         assert register(client, champion, "pipeline_test", "champion") == "1"
@@ -108,7 +120,8 @@ def test_nightly_trains_from_the_champion_and_a_second_run_with_nothing_new_trai
             assert flow_run["state"]["type"] == "COMPLETED", worker.stdout[-5000:] + worker.stderr[-5000:]
             return flow_run, worker.stdout + worker.stderr
 
-        first, _ = nightly()
+        first, logs = nightly()
+        assert "training: there is no finished scheduled run to compare with" in logs, logs[-5000:]
         (run,) = client.search_runs([client.get_experiment_by_name("pipeline_test").experiment_id])
         assert run.data.tags["grpo.start_model"] == "models:/pipeline_test/1"
         assert run.data.tags["grpo.scheduled"] == "true"
@@ -118,9 +131,26 @@ def test_nightly_trains_from_the_champion_and_a_second_run_with_nothing_new_trai
         assert run.data.tags["grpo.promotion"] == "challenger"
         assert run.data.tags["grpo.compared_with"] == "champion version 1"
         assert str(client.get_model_version_by_alias("pipeline_test", "champion").version) == "1"
+        # new data first: 2 steps of 4 prompts drew the 6 rows new to the champion (then 2 it had seen), and the
+        # export lists every row drawn, its start model's included
+        train_digest, test_sha256 = (dataset_digest([tmp_path / "data" / f"{s}.parquet"]) for s in ("train", "test"))
+        recorded = json.loads((run_dir / "checkpoints" / "step_000002" / "hf" / SEEN_FILE).read_text())
+        assert set(recorded["rows_seen"]) == set(ids) and recorded["train_digest"] == train_digest
+        # the version records the data that trained it and the questions that judged it
+        tags = client.get_model_version("pipeline_test", "2").tags
+        assert (tags["grpo.train_data_digest"], tags["grpo.train.rows_seen"]) == (train_digest, str(len(ids)))
+        assert (tags["grpo.eval_data_digest"], tags["grpo.eval.questions"]) == (test_sha256, "4")
+        assert tags["grpo.promotion_reason"].startswith(
+            "champion version 1 records no evaluation set; it was evaluated on this one (4 questions): uplift "
+        )
+        assert run.data.tags["grpo.inputs.data_digest"] == train_digest
 
-        second, logs = nightly()
-        assert "nothing to train" in logs, logs[-5000:]
+        second, logs = nightly()  # which inputs are the same, each named, in the flow's log
+        same = f"nothing to train: the training data (digest {train_digest[:12]}), the resolved config ("
+        last = (
+            f"start model (models:/pipeline_test/1) are those of the last scheduled run (MLflow run {run.info.run_id})"
+        )
+        assert same in logs and last in logs, logs[-5000:]
         assert second["total_run_time"] < 60, second["total_run_time"]
         assert len(client.search_runs([client.get_experiment_by_name("pipeline_test").experiment_id])) == 1
         assert [p.name for p in (tmp_path / "run").iterdir()] == [run_dir.name]

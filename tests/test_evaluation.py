@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from grpo_core.data.gsm8k import DataError
+from grpo_core.data.lineage import dataset_digest
+from grpo_core.data.prompts import row_id
 from grpo_core.evaluation import (
     EvalResult,
     accuracy_uplift,
@@ -134,6 +136,7 @@ def test_evaluate_greedy_scores_by_hand():
     assert [r["format_ok"] for r in result.records] == [True, True, False, True]
     assert result.records[2] | {"response_tokens": 1} == {
         "index": 2,
+        "id": row_id([{"role": "user", "content": "question 2"}], "5"),  # the question's identity (issue 38)
         "sample": 0,
         "question": "question 2",
         "response": "the answer is 5",
@@ -244,7 +247,7 @@ def test_evaluate_end_to_end_with_hf_engine(gsm8k_test, tiny_model_dir):
         f"evaluate: {result.response_tokens} tokens in {seconds:.2f} s = {result.response_tokens / seconds:.0f} tok/s"
     )
     assert len(result.records) == 4
-    fields = {"index", "sample", "question", "response", "answer_strict", "answer_flexible", "gold"}
+    fields = {"index", "id", "sample", "question", "response", "answer_strict", "answer_flexible", "gold"}
     fields |= {"correct_strict", "correct_flexible", "format_ok", "finish_reason", "response_tokens"}
     for record, row in zip(result.records, rows, strict=True):
         assert set(record) == fields
@@ -265,6 +268,10 @@ def test_cli_evaluate(gsm8k_test, tiny_model_dir, tmp_path, capsys):
     metrics = json.loads((out / "metrics.json").read_text())
     assert {"accuracy_strict", "pass@2_strict", "maj@2_strict"} <= metrics.keys()
     assert len((out / "samples.jsonl").read_text().splitlines()) == 4
+    # the questions asked, beside the records: what a model version records as the set that judged it
+    asked = [row_id(row["prompt"], row["reward_model"]["ground_truth"]) for row in load_rows(gsm8k_test, limit=2)]
+    judged = {"data_digest": dataset_digest([gsm8k_test]), "questions": asked}
+    assert json.loads((out / "eval_set.json").read_text()) == judged
     printed = capsys.readouterr().out
     assert "pass@2_strict:" in printed and str(out / "samples.jsonl") in printed
 

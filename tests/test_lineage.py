@@ -34,7 +34,7 @@ def test_the_digest_is_of_the_bytes_in_order_and_fits_mlflow(tmp_path):
     assert dataset_digest([a, b]) != dataset_digest([b, a]) != digest  # the order a trainer reads them in
 
 
-def test_prepare_records_the_source_rows_and_each_files_digest(tmp_path):
+def test_prepare_records_the_source_rows_and_each_dataset_digest(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     for split in ("train", "test"):

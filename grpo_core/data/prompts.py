@@ -1,9 +1,16 @@
 """Prompts for training and validation: verl-schema parquet rows -> chat-templated token ids, in batches.
 
-A batch is a pure function of (seed, step): epoch ``e`` is a permutation seeded by ``seed + e``, so every
-rank draws the same prompts without talking, and a resumed run continues from its step number alone.
+A batch is a pure function of (seed, step, the rows seen before): epoch ``e`` is a permutation seeded by
+``seed + e``, with the rows the start model's training drew moved behind the others, so every rank draws the same
+prompts without talking, and a resumed run continues from its data position alone.
+
+A row is known by its ``row_id``: a hash of its chat messages and its ground truth, so the same question is the
+same row wherever it sits in the file. A model's own directory (its Hugging Face export) lists the rows its
+training drew, its start model's included (``rows_seen.json``); a run from it draws the others first.
 """
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,6 +120,42 @@ class Prompt:
     ground_truth: str
     index: int  # row number in its file(s), for records
     extra_info: dict | None = None  # the row's extra_info, passed to a custom reward function
+    row_id: str = ""  # row_id of its messages and ground truth
+
+
+SEEN_FILE = "rows_seen.json"  # in a model's directory: {"train_digest", "rows", "rows_seen": [row ids]}
+
+
+def row_id(messages: list[dict], ground_truth) -> str:
+    """A row's identity: 16 hex digits of the SHA-256 of its chat messages and ground truth (not its position)."""
+    text = json.dumps([messages, str(ground_truth)], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def rows_seen(model_dir: str | Path) -> frozenset[str]:
+    """The row ids a model's training drew (its ``rows_seen.json``); none for a model that records none."""
+    path = Path(model_dir).expanduser() / SEEN_FILE
+    if not path.is_file():
+        return frozenset()
+    try:
+        return frozenset(map(str, json.loads(path.read_text())["rows_seen"]))
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(
+            f"{path}: not a list of rows seen ({type(e).__name__}: {e}); delete it to count every row as new"
+        ) from None
+
+
+def seen_digest(seen: frozenset[str]) -> str:
+    """SHA-256 of a set of row ids: what a checkpoint's data position depends on besides the training set."""
+    return hashlib.sha256("\n".join(sorted(seen)).encode()).hexdigest()
+
+
+def position_data(train_files: list[str], model_dir: str | Path) -> dict[str, str]:
+    """What a data position counts in (a checkpoint's ``data``; checkpoint.check_same_data): the training set's
+    ``dataset_digest`` and the digest of the rows the start model (its directory) had seen."""
+    from grpo_core.data.lineage import dataset_digest
+
+    return {"train_digest": dataset_digest(train_files), "seen_sha256": seen_digest(rows_seen(model_dir))}
 
 
 def decode_responses(tokenizer, responses: list[list[int]]) -> list[str]:
@@ -172,6 +215,7 @@ def load_prompts(
                     ground_truth=ground_truth,
                     index=len(prompts) + dropped,
                     extra_info=row.get("extra_info"),
+                    row_id=row_id(row["prompt"], ground_truth),
                 )
             )
     if not prompts:
@@ -180,19 +224,45 @@ def load_prompts(
 
 
 class PromptSampler:
-    """``batch(step)``: the prompts of training step ``step`` (0-based); incomplete tail batches are dropped."""
+    """``batch(step)``: the prompts of training step ``step`` (0-based); incomplete tail batches are dropped.
 
-    def __init__(self, prompts: list[Prompt], batch_size: int, shuffle: bool = True, seed: int = 1):
+    Each epoch's order is its seeded permutation with the rows in ``seen`` (those the start model's training drew)
+    moved behind the others, each part keeping its permuted order: new rows come first, and each is drawn once
+    in every epoch (the dropped tail holds seen rows while there are enough of them). With nothing seen it is the
+    seeded permutation itself."""
+
+    def __init__(self, prompts: list[Prompt], batch_size: int, shuffle: bool = True, seed: int = 1, seen=frozenset()):
         if batch_size > len(prompts):
             raise DataError(f"data.train_batch_size={batch_size} is more than the {len(prompts)} training prompts")
         self.prompts, self.batch_size, self.shuffle, self.seed = prompts, batch_size, shuffle, seed
+        self.seen = frozenset(seen)
         self.steps_per_epoch = len(prompts) // batch_size
+        self.new_rows = sum(p.row_id not in self.seen for p in prompts)
 
-    def batch(self, step: int) -> list[Prompt]:
-        epoch, position = divmod(step, self.steps_per_epoch)
+    def order(self, epoch: int) -> list[int]:
+        """Epoch ``epoch``'s prompt indices: the rows not seen, then the seen ones, each in the permutation's order."""
         order = list(range(len(self.prompts)))
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed + epoch)
             order = torch.randperm(len(self.prompts), generator=generator).tolist()
+        if self.seen:
+            seen = {i for i in order if self.prompts[i].row_id in self.seen}
+            order = [i for i in order if i not in seen] + [i for i in order if i in seen]
+        return order
+
+    def batch(self, step: int) -> list[Prompt]:
+        epoch, position = divmod(step, self.steps_per_epoch)
         first = position * self.batch_size
-        return [self.prompts[i] for i in order[first : first + self.batch_size]]
+        return [self.prompts[i] for i in self.order(epoch)[first : first + self.batch_size]]
+
+    def drawn(self, position: int) -> set[str]:
+        """The row ids of the first ``position`` batches (a data position): the rows a run that far has seen."""
+        full, rest = divmod(position, self.steps_per_epoch)
+        every = {p.row_id for p in self.prompts}
+        ids: set[str] = set()
+        for epoch in range(full + 1):
+            take = self.steps_per_epoch * self.batch_size if epoch < full else rest * self.batch_size
+            ids.update(self.prompts[i].row_id for i in self.order(epoch)[:take])
+            if ids == every:
+                break
+        return ids

@@ -20,13 +20,14 @@ from rich.console import Console
 from rich.progress import Progress
 
 from grpo_core.atomic import write_text_atomic
-from grpo_core.data.prompts import chat_prompt_ids, decode_responses
+from grpo_core.data.prompts import chat_prompt_ids, decode_responses, row_id
 from grpo_core.evaluation.stats import wilson_interval
 from grpo_core.rewards.gsm8k import answers_match, extract_solution
 from grpo_core.rollout.base import RolloutEngine, SamplingSettings
 
 SAMPLES_FILE = "samples.jsonl"
 METRICS_FILE = "metrics.json"
+EVAL_SET_FILE = "eval_set.json"  # the questions evaluated: {"data_digest": dataset_digest, "questions": [row ids]}
 
 
 @dataclass
@@ -149,6 +150,7 @@ def evaluate(
                 records.append(
                     {
                         "index": first + gen.group_index[j],
+                        "id": row_id(row["prompt"], row["reward_model"]["ground_truth"]),
                         "sample": j % n,
                         "question": (row.get("extra_info") or {}).get("question") or row["prompt"][-1]["content"],
                         "response": response,
@@ -192,16 +194,39 @@ def read_samples(out_dir: str | Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def question_ids(records: list[dict]) -> list[str]:
+    """The questions of an evaluation's records, in order: each row's ``row_id`` (its position, in records written
+    before ids were)."""
+    return [r.get("id", str(r["index"])) for r in records if r.get("sample", 0) == 0]
+
+
+def write_eval_set(out_dir: str | Path, data_digest: str, records: list[dict]) -> None:
+    """``eval_set.json`` beside the records: the evaluation data's digest and the questions asked."""
+    record = {"data_digest": data_digest, "questions": question_ids(records)}
+    write_text_atomic(Path(out_dir) / EVAL_SET_FILE, json.dumps(record) + "\n")
+
+
+def read_eval_set(out_dir: str | Path) -> dict | None:
+    """What ``write_eval_set`` wrote, or None (an evaluation from before it was written)."""
+    path = Path(out_dir) / EVAL_SET_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def paired_outcomes(base: list[dict], trained: list[dict], field: str) -> tuple[list[bool], list[bool]]:
     """``field`` (``correct_strict``, ``format_ok``...) of each question's first sample in both evaluations,
-    in question order: the pairs a paired test needs. Raises ValueError when the questions differ."""
-    first = [{r["index"]: bool(r[field]) for r in records if r.get("sample", 0) == 0} for records in (base, trained)]
+    paired by question id, in ``base``'s question order: the pairs a paired test needs. Raises ValueError when the
+    questions differ: two evaluations are never compared across sets."""
+    first = []
+    for records in (base, trained):
+        samples = sorted((r for r in records if r.get("sample", 0) == 0), key=lambda r: r["index"])
+        first.append(dict(zip(question_ids(samples), (bool(r[field]) for r in samples), strict=True)))
     if first[0].keys() != first[1].keys():
+        shared = len(first[0].keys() & first[1].keys())
         raise ValueError(
-            f"the two evaluations answer different questions ({len(first[0])} vs {len(first[1])}); "
-            "evaluate both with the same data and limit"
+            f"the two evaluations answer different questions ({len(first[0])} and {len(first[1])}, {shared} in "
+            "common); evaluate both on the same data with the same limit"
         )
-    questions = sorted(first[0])
+    questions = list(first[0])
     return [first[0][q] for q in questions], [first[1][q] for q in questions]
 
 

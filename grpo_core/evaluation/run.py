@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from grpo_core.evaluation.gsm8k import EvalResult, evaluate, write_results
+from grpo_core.data.lineage import dataset_digest
+from grpo_core.evaluation.gsm8k import EvalResult, evaluate, write_eval_set, write_results
 from grpo_core.trainer.checkpoint import HF_EXPORT, STATE_FILE, CheckpointError, verify_checkpoint
 
 
@@ -148,6 +149,7 @@ def evaluate_model(
     result.device = device
     try:
         write_results(result, out_dir)
+        write_eval_set(out_dir, dataset_digest([data_file]), result.records)  # the questions, for a fixed judge
     except OSError as e:
         raise DataError(f"cannot write to output directory {out_dir}: {e.strerror or e}") from None
     return result

@@ -369,10 +369,18 @@ TOKENIZER_FILES = (
 
 def write_hf_model(model, shape, out_dir: Path, trainer_state: dict) -> None:
     """The model as Hugging Face files: weights and ``hf_config`` (every rank of the model calls this), then the
-    tokenizer's files from ``tokenizer_path`` (rank 0)."""
+    tokenizer's files from ``tokenizer_path`` and the rows its training drew (rank 0; data/prompts.py)."""
+    from grpo_core.data.prompts import SEEN_FILE
+
     export_hf_weights(model, shape, out_dir, trainer_state["hf_config"])
+    if dist.get_rank() != 0:
+        return
     tokenizer = Path(trainer_state.get("tokenizer_path") or "")
-    if dist.get_rank() == 0 and tokenizer.is_dir():
+    if tokenizer.is_dir():
         for name in TOKENIZER_FILES:
             if (tokenizer / name).is_file():
                 shutil.copy2(tokenizer / name, out_dir / name)
+    if "rows_seen" in trainer_state:  # which data trained it: the training set and every row drawn, lineage included
+        data = trainer_state.get("data", {})
+        record = {"train_digest": data.get("train_digest"), "rows": data.get("rows")}
+        (out_dir / SEEN_FILE).write_text(json.dumps({**record, "rows_seen": trainer_state["rows_seen"]}) + "\n")

@@ -23,13 +23,12 @@ from pathlib import Path
 from grpo_core.config.load import to_flat_dict, to_yaml
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.config.secrets import hide_url_passwords
-from grpo_core.data.lineage import file_sha256
-from grpo_core.evaluation.gsm8k import compare_evaluations, paired_outcomes, read_samples
+from grpo_core.data.lineage import dataset_digest, file_sha256
+from grpo_core.evaluation.gsm8k import compare_evaluations, paired_outcomes, read_eval_set, read_samples
 from grpo_core.evaluation.stats import format_uplift, mean_difference, paired_uplift, verdict
 from grpo_core.tracking import METRICS_FILE
 from grpo_core.tracking.lineage import (
     EVALUATION,
-    TRAIN_DATA_TAG,
     TRAINING,
     dataset_entry,
     digest_tags,
@@ -37,7 +36,7 @@ from grpo_core.tracking.lineage import (
 )
 from grpo_core.tracking.mlflow_run import KEY_TAG, MlflowRun, quick_http, tracking_uri
 from grpo_core.tracking.plots import Curves, eval_points, plot_curves, plot_run
-from grpo_core.tracking.promotion import BASE_MODEL, CHALLENGER, Promotion, decide
+from grpo_core.tracking.promotion import BASE_MODEL, CHALLENGER, Promotion, decide, eval_set_tags, judge_note
 from grpo_core.tracking.registry import provenance_tags
 from grpo_core.tracking.sync import PENDING_FILE
 
@@ -53,20 +52,26 @@ NOT_IN_KEY = (
 )
 
 
-def pipeline_key(cfg: GRPOConfig, ignore: tuple[str, ...] = ()) -> str:
+def pipeline_key(cfg: GRPOConfig, ignore: tuple[str, ...] = (), data: bool = True) -> str:
     """What the trained model depends on: the resolved config (less where results are logged, how ranks are
-    started and how the model is evaluated afterwards), the training data's bytes and a custom reward file's.
-    A registry start model's path is its version's local copy, so the key names that version."""
+    started and how the model is evaluated afterwards), the training data's bytes (unless ``data`` is false) and a
+    custom reward file's. A registry start model's path is its version's local copy, so the key names that version."""
     skip = NOT_IN_KEY + ignore
     settings = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith(skip)}
     parts = [json.dumps(settings, sort_keys=True, default=str)]
-    inputs = [*cfg.data.train_files, *filter(None, [cfg.custom_reward_function.path])]
+    inputs = [*(cfg.data.train_files if data else []), *filter(None, [cfg.custom_reward_function.path])]
     parts += [file_sha256(p) for p in inputs if Path(p).is_file()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
 INPUTS_TAG = "grpo.inputs_key"
 SCHEDULED_TAG = "grpo.scheduled"
+# A scheduled run's inputs, one tag each, and their names in its log line (``inputs_verdict``).
+INPUT_PARTS = {
+    "grpo.inputs.data_digest": "the training data",
+    "grpo.inputs.config": "the resolved config",
+    "grpo.inputs.start_model": "the start model",
+}
 
 
 def inputs_key(cfg: GRPOConfig) -> str:
@@ -75,8 +80,43 @@ def inputs_key(cfg: GRPOConfig) -> str:
     return pipeline_key(cfg, ignore=("trainer.default_local_dir",))
 
 
-def last_scheduled_run(cfg: GRPOConfig) -> tuple[str, str] | None:
-    """(run id, inputs key) of the latest finished scheduled pipeline run in the experiment, or None."""
+def scheduled_inputs(cfg: GRPOConfig, start_model: str) -> dict[str, str]:
+    """What a scheduled run trains from, by part (``INPUT_PARTS``): the training data's ``dataset_digest``, the
+    resolved config's key (less the run directory and the start model's path) and the start model (the champion's
+    version, ``models:/NAME/N``, or the config's model)."""
+    ignore = ("trainer.default_local_dir", "actor_rollout_ref.model.path")
+    data, config = dataset_digest(cfg.data.train_files), pipeline_key(cfg, ignore, data=False)
+    return dict(zip(INPUT_PARTS, (data, config, start_model), strict=True))
+
+
+def inputs_verdict(last: tuple[str, dict[str, str]] | None, now: dict[str, str]) -> tuple[bool, str]:
+    """(nothing changed, the line that says which inputs changed and which did not) of a scheduled run with inputs
+    ``now`` (``scheduled_inputs``), against ``last``: the last finished scheduled run's id and tags."""
+    if last is None:
+        return False, "training: there is no finished scheduled run to compare with"
+    run_id, tags = last
+    where = f"the last scheduled run (MLflow run {run_id})"
+    changed = [key for key, value in now.items() if tags.get(key) != value]
+    if not changed:
+        same = _listed([f"{INPUT_PARTS[key]} ({_shown(key, value)})" for key, value in now.items()])
+        return True, f"nothing to train: {same} are those of {where}"
+    what = [f"{INPUT_PARTS[k]} changed ({_shown(k, tags.get(k))} -> {_shown(k, now[k])})" for k in changed]
+    same = [INPUT_PARTS[key] for key in now if key not in changed]
+    return False, f"training: since {where}, {_listed(what)}" + (f"; {_listed(same)} did not" if same else "")
+
+
+def _shown(key: str, value: str | None) -> str:
+    if value is None:
+        return "not recorded"
+    return f"digest {value[:12]}" if key.endswith(("digest", "sha256")) else value
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def last_scheduled_run(cfg: GRPOConfig) -> tuple[str, dict[str, str]] | None:
+    """(run id, tags) of the latest finished scheduled pipeline run in the experiment, or None."""
     from mlflow import MlflowClient
 
     quick_http()
@@ -89,7 +129,7 @@ def last_scheduled_run(cfg: GRPOConfig) -> tuple[str, str] | None:
     found = client.search_runs([experiment.experiment_id], query, order_by=newest, max_results=1)
     if not found:
         return None
-    return found[0].info.run_id, found[0].data.tags.get(INPUTS_TAG, "")
+    return found[0].info.run_id, found[0].data.tags
 
 
 def open_pipeline_run(cfg: GRPOConfig, key: str, tags: dict[str, str], local_dir: Path) -> MlflowRun:
@@ -221,12 +261,14 @@ def record_results(
     model_dir: Path | None,
     champion_version: str | None = None,
     champion_known: bool = True,
+    champion_tags: dict[str, str] | None = None,
 ) -> PipelineSummary:
     """Log the evaluations, uplift, summaries, plots, eval samples and the evaluated checkpoint as a logged model
     (at the last step: the checkpoint the pipeline evaluates is the one its training ended with); register it as
     champion or challenger against ``eval_dirs["champion"]`` (the evaluation of registry version
-    ``champion_version``), or against the base model when there is no champion yet. When the registry could not
-    be read (``champion_known`` false) nothing is promoted."""
+    ``champion_version``, whose tags ``champion_tags`` record the evaluation set it was judged on), or against the
+    base model when there is no champion yet. When the registry could not be read (``champion_known`` false)
+    nothing is promoted."""
     metric = cfg.evaluation.metric
     rows = training_rows(cfg.trainer.default_local_dir)
     steps = max((r["step"] for r in rows), default=0)
@@ -277,11 +319,11 @@ def record_results(
     for name, directory in eval_dirs.items():
         run.log_artifact(directory, f"eval/{name}")
     if model_dir is not None and cfg.tracking.log_model:
-        promotion = promotion_of(cfg, eval_dirs, champion_version)
+        promotion = promotion_of(cfg, eval_dirs, champion_version, champion_tags or {})
         if not champion_known:
             reason = f"{promotion.reason}; the registry's champion could not be read, so nothing is promoted"
             promotion = replace(promotion, alias=CHALLENGER, reason=reason)
-        lineage = {TRAIN_DATA_TAG: digests[TRAIN_DATA_TAG]} if TRAIN_DATA_TAG in digests else {}
+        lineage = {**digests, **data_tags(Path(checkpoint), eval_dirs["trained"])}
         summary.model_version, promotion = register_model(
             run, cfg, model_dir, promotion, Path(checkpoint), model_name, lineage
         )
@@ -307,15 +349,40 @@ def log_evaluated_checkpoint(
     return name, digests
 
 
-def promotion_of(cfg: GRPOConfig, eval_dirs: dict[str, Path], champion_version: str | None) -> Promotion:
-    """The trained model against the champion's evaluation (the base model's while there is no champion)."""
+def promotion_of(
+    cfg: GRPOConfig, eval_dirs: dict[str, Path], champion_version: str | None, champion_tags: dict[str, str]
+) -> Promotion:
+    """The trained model against the champion's evaluation (the base model's while there is no champion), on the
+    same questions (compare_evaluations refuses others); the reason says when they are not those the champion was
+    judged on (its tags ``champion_tags``)."""
     if champion_version is not None:
         against, opponent = f"champion version {champion_version}", eval_dirs["champion"]
     else:
         against, opponent = BASE_MODEL, eval_dirs["base"]
     comparison = compare_evaluations(opponent, eval_dirs["trained"], cfg.evaluation.metric)
     t = cfg.tracking
-    return decide(comparison, against, t.champion_min_uplift, t.champion_alpha)
+    promotion = decide(comparison, against, t.champion_min_uplift, t.champion_alpha)
+    judged = read_eval_set(eval_dirs["trained"])
+    if champion_version is not None and judged and (note := judge_note(champion_tags, eval_set_tags(judged), against)):
+        promotion = replace(promotion, reason=f"{note}: {promotion.reason}")
+    return promotion
+
+
+def data_tags(checkpoint: Path, trained_eval: Path) -> dict[str, str]:
+    """Which data trained a model and which questions judged it, as its version's (and run's) tags, beside the
+    datasets' digests (tracking/lineage.py): the training set's rows and how many its training drew, its start
+    model's included (its ``rows_seen.json`` lists them), from its checkpoint's trainer state; the evaluation set
+    (``eval_set_tags``, whose question ids are the run's ``eval/trained/eval_set.json``)."""
+    from grpo_core.trainer.checkpoint import STATE_FILE
+
+    tags = {}
+    state = json.loads((checkpoint / STATE_FILE).read_text()) if (checkpoint / STATE_FILE).is_file() else {}
+    if data := state.get("data"):
+        tags = {"grpo.train.rows": str(data["rows"])}
+        tags["grpo.train.rows_seen"] = str(len(state.get("rows_seen", [])))
+    if (judged := read_eval_set(trained_eval)) is not None:
+        tags |= eval_set_tags(judged)
+    return tags
 
 
 def register_model(
@@ -328,16 +395,17 @@ def register_model(
     lineage: dict[str, str],
 ) -> tuple[str, Promotion]:
     """A new registry version of the run's logged model ``model_name`` (which holds the exported files), aliased
-    and tagged as ``promotion`` says, with ``lineage`` (the training set's digest) and the digests of its files
-    and of its checkpoint's manifest (on the run too: a warm start from the version checks its files against
-    them). A re-run of the same pipeline run finds its version instead of registering the model again; the
-    version is "pending" while the server is away (the registration waits in the run's queue)."""
+    and tagged as ``promotion`` says, with ``lineage`` (which data trained it and which questions judged it:
+    ``data_tags``) and the digests of its files and of its checkpoint's manifest (on the run too: a warm start
+    from the version checks its files against them). A re-run of the same pipeline run finds its version instead
+    of registering the model again; the version is "pending" while the server is away (the registration waits in
+    the run's queue)."""
     name = cfg.tracking.registered_model_name or cfg.trainer.project_name
     if existing := registered_version(run.client, name, run.run_id):
         return existing
-    provenance = provenance_tags(model_dir, checkpoint)
+    provenance = {**provenance_tags(model_dir, checkpoint), **lineage}
     run.set_tags(provenance)
-    version = run.register_model(name, {**promotion.tags(), **provenance, **lineage}, promotion.alias, model_name)
+    version = run.register_model(name, {**promotion.tags(), **provenance}, promotion.alias, model_name)
     return version or "pending", promotion
 
 

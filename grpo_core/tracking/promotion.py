@@ -4,8 +4,13 @@ Only when it beats the current champion (the base model while there is none) on 
 than ``tracking.champion_min_uplift`` and the paired test says the gain is unlikely to be noise
 (McNemar's p below ``tracking.champion_alpha``). Otherwise it is registered as ``challenger``, so the
 registry's champion is always the best model shown so far. ``decide`` is a pure function of the comparison.
+
+A fixed judge: every version records the evaluation set it was judged on (``eval_set_tags``: the data's digest,
+the number of questions and the digest of their ids); the challenger and the champion are evaluated on the same
+questions, and when they are not the ones the champion was judged on, ``judge_note`` says so.
 """
 
+import hashlib
 from dataclasses import dataclass
 
 CHAMPION, CHALLENGER = "champion", "challenger"
@@ -74,3 +79,35 @@ def decide(comparison: dict, against: str, min_uplift: float, alpha: float) -> P
         stays = "there is no champion yet" if against == BASE_MODEL else "the champion stays"
         why = f"{' and '.join(misses)}: registered as challenger, {stays}"
     return Promotion(alias, against, d, low, high, p, n, f"{measured}; {why}")
+
+
+EVAL_DATA_TAG, EVAL_QUESTIONS_TAG, EVAL_IDS_TAG = "grpo.eval_data_digest", "grpo.eval.questions", "grpo.eval.ids_sha256"
+
+
+def eval_set_tags(eval_set: dict) -> dict[str, str]:
+    """An evaluation set (``eval_set.json``: the data's ``dataset_digest`` and the questions' row ids) as a version's
+    tags: the question ids themselves are too many for a tag, and sit in the run's ``eval/trained/eval_set.json``."""
+    ids = eval_set["questions"]
+    return {
+        EVAL_DATA_TAG: eval_set["data_digest"],
+        EVAL_QUESTIONS_TAG: str(len(ids)),
+        EVAL_IDS_TAG: hashlib.sha256("\n".join(ids).encode()).hexdigest(),
+    }
+
+
+def judge_note(champion_tags: dict[str, str], now: dict[str, str], against: str) -> str:
+    """Empty when ``against`` (a champion version, its tags ``champion_tags``) was judged on the evaluation set
+    ``now`` (``eval_set_tags``); else the sentence that says the set changed: the champion was then evaluated
+    again on the new set, and the comparison is on that set alone."""
+    then = {key: champion_tags.get(key) for key in now}
+    if then == now:
+        return ""
+    if then[EVAL_DATA_TAG] is None:
+        return (
+            f"{against} records no evaluation set; it was evaluated on this one ({now[EVAL_QUESTIONS_TAG]} questions)"
+        )
+    return (
+        f"the evaluation set changed since {against} was judged ({then[EVAL_QUESTIONS_TAG]} questions of data "
+        f"digest {then[EVAL_DATA_TAG][:12]} then, {now[EVAL_QUESTIONS_TAG]} of {now[EVAL_DATA_TAG][:12]} now); it "
+        "was evaluated again on the new set"
+    )

@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_core.data.lineage import file_sha256
@@ -54,6 +54,7 @@ class RegistryModel:
     source: str  # the artifact location the version was registered from
     run_id: str | None
     path: Path  # the local copy
+    tags: dict[str, str] = field(default_factory=dict, compare=False)  # the version's (what judged it: promotion.py)
 
     @property
     def canonical(self) -> str:
@@ -140,7 +141,7 @@ def fetch_model(uri: str, tracking_uri: str, cache_dir: str | None = None) -> Re
                 raise
         shutil.rmtree(partial, ignore_errors=True)
     check_provenance(uri, found, local)
-    return RegistryModel(uri, found.name, str(found.version), found.source, found.run_id, local)
+    return RegistryModel(uri, found.name, str(found.version), found.source, found.run_id, local, dict(found.tags or {}))
 
 
 MODEL_DIGEST_TAG = "grpo.model_sha256"  # of the registered files: what a fetch checks its copy against
@@ -181,7 +182,8 @@ def check_provenance(uri: str, version, local: Path) -> None:
 
 
 def eval_dir(model: RegistryModel, data_digest: str, settings: dict) -> Path:
-    """Where an evaluation of this version on these data and settings is kept: beside its local copy (not
-    inside it, whose file listing is the evaluation's cache key), shared by every run that compares with it."""
+    """Where an evaluation of this version on these data (their ``files_digest``) and settings (the limit among
+    them) is kept: beside its local copy (not inside it, whose file listing is the evaluation's cache key), shared
+    by every run that compares with it. Another evaluation set is another directory: evaluated anew, never reused."""
     key = hashlib.sha256(f"{data_digest}\0{json.dumps(settings, sort_keys=True)}".encode()).hexdigest()[:12]
     return model.path.parent / "eval" / key

@@ -114,6 +114,28 @@ def check_same_model(path: Path, shape) -> None:
         )
 
 
+def check_same_data(path: Path, data: dict) -> None:
+    """CheckpointError when the checkpoint's data position counts batches of another order than ``data``'s (the
+    trainer state's ``data``: the training set's digest and that of the rows seen before the run): resuming would
+    skip or repeat rows. A checkpoint saved before the training set was recorded is taken as it is."""
+    state = read_trainer_state(path)
+    saved = state.get("data")
+    if saved is None:
+        return
+    parts = {"train_digest": "training set", "seen_sha256": "set of rows seen before the run (the start model's)"}
+    changed = [(key, name) for key, name in parts.items() if saved.get(key) != data[key]]
+    if not changed:
+        return
+    key, name = changed[0]
+    position = state.get("data_position", state.get("step"))
+    raise CheckpointError(
+        f"{Path(path) / STATE_FILE}: its data position ({position} batches) counts in another {name} (digest "
+        f"{str(saved.get(key))[:12]} there, {data[key][:12]} here), so resuming would skip or repeat rows; train "
+        f"afresh (trainer.resume_mode=disable or a new trainer.default_local_dir), from its weights if you like: "
+        f"`grpo export {path} DIR`, then actor_rollout_ref.model.path=DIR (the rows it drew come last)"
+    )
+
+
 def check_optimizer_layout(path: Path, tp: int, pp: int) -> str:
     """The checkpoint's optimizer format; CheckpointError when it holds each rank's shards of another TP/PP."""
     state = read_trainer_state(path)

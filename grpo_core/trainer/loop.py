@@ -32,7 +32,7 @@ from grpo_core.algos import (
 )
 from grpo_core.config import GRPOConfig, to_flat_dict
 from grpo_core.data.batch import RolloutBatch
-from grpo_core.data.prompts import Prompt, PromptSampler, decode_responses, load_prompts
+from grpo_core.data.prompts import Prompt, PromptSampler, decode_responses, load_prompts, position_data, rows_seen
 from grpo_core.diagnostics import RunDiagnostics
 from grpo_core.launch.watchdog import arm_stack_dumps
 from grpo_core.models.bridge import gather_hf_weights
@@ -44,7 +44,7 @@ from grpo_core.rollout import Generation, SamplingSettings, build_engine, to_rol
 from grpo_core.rollout.hf import load_tokenizer
 from grpo_core.tracking import Tracker
 from grpo_core.trainer import metrics as M
-from grpo_core.trainer.checkpoint import CheckpointManager, contents_setting
+from grpo_core.trainer.checkpoint import CheckpointManager, check_same_data, contents_setting
 from grpo_core.trainer.stop import StopRequest
 
 logger = logging.getLogger(__name__)
@@ -141,7 +141,8 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
                 step_metrics |= validate(cfg, setup.engine, setup.val_prompts, setup.tokenizer, setup.scorer)
             tracker.log(step_metrics, step=step + 1)
             if setup.checkpoints.should_save(step + 1, last or stopping is not None):
-                state = {**setup.trainer_state, "data_position": position}
+                seen = sorted(setup.sampler.seen | setup.sampler.drawn(position))  # the export lists them too
+                state = {**setup.trainer_state, "data_position": position, "rows_seen": seen}
                 setup.checkpoints.save(step + 1, setup.actor, state, setup.save_contents)
             if stopping is not None and not last:
                 if setup.rank == 0:
@@ -180,7 +181,11 @@ def set_up(cfg: GRPOConfig, shape: ModelShape) -> TrainingSetup:
     val_prompts = []
     if _validates(cfg):
         val_prompts = load_prompts(d.val_files, tokenizer, d.max_prompt_length, prompt_key=d.prompt_key)[0]
-    sampler = PromptSampler(train_prompts, d.train_batch_size, d.shuffle, d.seed)
+    seen = rows_seen(model_dir)  # rows the start model's training drew: they come after the others
+    sampler = PromptSampler(train_prompts, d.train_batch_size, d.shuffle, d.seed, seen)
+    if seen and rank == 0:
+        new, rows = sampler.new_rows, len(train_prompts)
+        logger.info("%d of the %d training rows are new to the start model: first in every epoch", new, rows)
     scorer = build_scorer(cfg)
     total_steps = cfg.trainer.total_training_steps or sampler.steps_per_epoch * cfg.trainer.total_epochs
     optimizer_steps = total_steps * arr.actor.ppo_epochs * (d.train_batch_size // arr.actor.ppo_mini_batch_size)
@@ -200,6 +205,8 @@ def set_up(cfg: GRPOConfig, shape: ModelShape) -> TrainingSetup:
         "hf_config": with_overrides(read_hf_config(str(model_dir)), hf_overrides(model_cfg.override_config)),
         "dtype": settings.dtype,
         "tokenizer_path": str(tokenizer_dir),
+        # what the data position counts in: the training set, and the rows its start model had seen
+        "data": {**position_data(d.train_files, model_dir), "rows": len(train_prompts)},
     }
     save_contents, load_contents = contents_setting(arr.actor.checkpoint)
     return TrainingSetup(
@@ -232,6 +239,7 @@ def resume(setup: TrainingSetup) -> tuple[int, int]:
     resume_from = choice[0]
     start_step = position = 0
     if resume_from is not None:
+        check_same_data(resume_from, setup.trainer_state["data"])  # `grpo train` checked it too, before any rank
         resumed = setup.checkpoints.load(resume_from, setup.actor, setup.load_contents)
         start_step, position = resumed["step"], resumed.get("data_position", resumed["step"])
     if resume_from is not None or _engine_starts_empty(setup.cfg):
