@@ -25,6 +25,7 @@ from grpo_core.algos import agg_denominator
 from grpo_core.data.batch import RolloutBatch
 from grpo_core.models import fused
 from grpo_core.models.bridge import DTYPES, build_model, load_hf_weights, transformer_config
+from grpo_core.models.lora import LoRASettings, adapters_disabled, apply_lora
 from grpo_core.models.shape import ModelShape
 from grpo_core.numerics import NotFinite, finite_each
 from grpo_core.planning.layout import ParallelLayout
@@ -71,6 +72,7 @@ class ActorSettings:
     ppo_epochs: int = 1
     shuffle_seed: int | None = None  # actor.shuffle: rows reshuffled between mini-batches by this seed (data.seed)
     loss: LossSettings = LossSettings()
+    lora: LoRASettings = LoRASettings()  # rank > 0: adapters on the frozen base (models/lora.py)
 
     @classmethod
     def from_config(cls, cfg, layout: ParallelLayout, total_optimizer_steps: int) -> "ActorSettings":
@@ -110,6 +112,7 @@ class ActorSettings:
             ppo_epochs=actor.ppo_epochs,
             shuffle_seed=(1 if cfg.data.seed is None else cfg.data.seed) if actor.shuffle else None,
             loss=LossSettings.from_config(cfg),
+            lora=LoRASettings.from_config(cfg.actor_rollout_ref.model.lora, seed=m.seed),
         )
 
 
@@ -179,6 +182,9 @@ class MegatronActor:
         if hf_path is not None:
             for chunk in self.model:
                 load_hf_weights(chunk, hf_path, shape)
+        if trainable and settings.lora.enabled:  # after the weights, before DDP and the optimizer see the params
+            for chunk in self.model:
+                apply_lora(chunk, settings.lora)
         if trainable:
             self._wrap_for_training()
         else:
@@ -342,11 +348,19 @@ class MegatronActor:
 
     @torch.no_grad()
     def compute_log_prob(
-        self, batch: RolloutBatch, micro_batch_rows: int | None = None, micro_batch_tokens: int | None = None
+        self,
+        batch: RolloutBatch,
+        micro_batch_rows: int | None = None,
+        micro_batch_tokens: int | None = None,
+        base: bool = False,
     ):
         """(log-probs, entropy) of every response token, [B, R] each, on every rank. Micro-batches of
         ``micro_batch_rows`` (default: the update's) or, when given, of ``micro_batch_tokens`` tokens (verl's
-        ``log_prob_use_dynamic_bsz`` + ``log_prob_max_token_len_per_gpu``)."""
+        ``log_prob_use_dynamic_bsz`` + ``log_prob_max_token_len_per_gpu``). ``base``: with the LoRA adapters off,
+        i.e. the reference policy of a LoRA run (no second model is loaded for it)."""
+        if base:
+            with adapters_disabled(self.model):
+                return self.compute_log_prob(batch, micro_batch_rows, micro_batch_tokens)
         self.reload_parameters()  # gradients and optimizer stay away
         for chunk in self.model:
             chunk.eval()

@@ -26,6 +26,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from grpo_core.models.fused import fusion_flags
+from grpo_core.models.lora import merged_weight
 from grpo_core.models.shape import ModelShape
 from grpo_core.models.spec import final_norm, gpt_layer_spec
 from grpo_core.models.weights import (
@@ -272,7 +273,7 @@ def _stream(units: list, items: dict, shape: ModelShape, dtype: torch.dtype | No
 def _full(m: Mapping, p: torch.nn.Parameter, shape: ModelShape) -> dict[str, torch.Tensor]:
     """The HF tensors of one parameter, gathered over its TP group (on that group's rank 0 only)."""
     rank, size, group = _shard_group(m)
-    full = p.detach()
+    full = merged_weight(p)  # W + scale * B A of this shard where a LoRA adapter is on it (models/lora.py)
     if size > 1 and m.kind != "none":
         shards = [torch.empty_like(full) for _ in range(size)]
         dist.all_gather(shards, full.contiguous(), group=group)
