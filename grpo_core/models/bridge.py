@@ -26,6 +26,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from grpo_core.models.fused import fusion_flags
+from grpo_core.models.lora import global_linear_names as lora_linears
 from grpo_core.models.lora import merged_weight
 from grpo_core.models.shape import ModelShape
 from grpo_core.models.spec import final_norm, gpt_layer_spec
@@ -312,6 +313,37 @@ def export_hf_weights(
         for _ in tensors:
             pass
     dist.barrier()
+
+
+def peft_adapter_tensors(model: GPTModel | Sequence[GPTModel], shape: ModelShape) -> dict[str, torch.Tensor]:
+    """The LoRA adapters under peft's key names (``base_model.model.<HF module>.lora_A.weight``), whole, on global
+    rank 0 (empty elsewhere); every rank of the model calls it. A fused linear's adapter is one adapter per HF
+    module it fuses: the same A for each, B's rows cut apart as the weight's are (q/k/v, gate/up)."""
+    local: dict[str, torch.Tensor] = {}
+    dp_rank, expert_dp_rank = ps.get_data_parallel_rank(with_context_parallel=True), ps.get_expert_data_parallel_rank()
+    for chunk in _chunks(model):
+        mappings = {m.param: m for m in _mappings(chunk, shape)}
+        for local_name, _, module in lora_linears(chunk):
+            adapter = getattr(module, "lora", None)
+            m = mappings[f"{local_name}.weight"]
+            if adapter is None or (expert_dp_rank if m.expert else dp_rank) != 0:
+                continue
+            rank, size, group = _shard_group(m)
+            a, b = adapter.A.detach(), adapter.B.detach()
+            if size > 1:  # B's rows (column-parallel) or A's columns (row-parallel) are split like the weight's
+                split = b if adapter.column else a
+                shards = [torch.empty_like(split) for _ in range(size)]
+                dist.all_gather(shards, split.contiguous(), group=group)
+                b, a = (torch.cat(shards, 0), a) if adapter.column else (b, torch.cat(shards, 1))
+            if rank != 0:
+                continue
+            for hf_name, rows in split_full(m, b, size, shape).items():
+                key = "base_model.model." + hf_name.removesuffix(".weight")
+                local[f"{key}.lora_A.weight"] = a.cpu().clone()
+                local[f"{key}.lora_B.weight"] = rows.cpu().clone()
+    parts: list[dict] | None = [{} for _ in range(dist.get_world_size())] if dist.get_rank() == 0 else None
+    dist.gather_object(local, parts, dst=0)
+    return {k: v for part in parts for k, v in part.items()} if parts is not None else {}
 
 
 def _export_items(chunk: GPTModel, shape: ModelShape) -> list[tuple[Mapping, torch.nn.Parameter]]:

@@ -123,14 +123,19 @@ class LoRA(torch.nn.Module):
         g = torch.Generator().manual_seed(settings.seed * 1_000_003 + _stable_hash(name))
         a = _init((settings.rank, in_full), settings.a_init, g)
         b = _init((out_full, settings.rank), settings.b_init, g)
-        if self.column:  # B's rows as W's rows
+        if self.column and name.endswith("linear_fc1") and linear.config.gated_linear_unit:
+            # B's rows as [gate; up] whole; each rank's W rows are [its gate rows; its up rows]
+            b = torch.cat([half.chunk(self.tp, 0)[self.tp_rank] for half in b.chunk(2, 0)])
+        elif self.column:  # B's rows as W's rows (QKV: interleaved by query group at every TP alike)
             b = b.chunk(self.tp, 0)[self.tp_rank]
         else:  # A's columns as W's columns
             a = a.chunk(self.tp, 1)[self.tp_rank]
         kw = dict(dtype=weight.dtype, device=weight.device)
         self.A = torch.nn.Parameter(a.to(**kw).contiguous())
         self.B = torch.nn.Parameter(b.to(**kw).contiguous())
-        replicated = self.A if self.column else self.B
+        split, replicated = (self.B, self.A) if self.column else (self.A, self.B)
+        # the split one counts on every TP rank in the gradient norm, the replicated one once (megatron's attributes)
+        tensor_parallel.set_tensor_model_parallel_attributes(split, self.tp > 1, 0 if self.column else 1, 1)
         replicated.sequence_parallel = self.sequence_parallel  # its gradient is summed over TP (tokens split)
         for p in (self.A, self.B):  # experts' gradients are reduced over the expert-data-parallel group
             p.allreduce = getattr(weight, "allreduce", True)
