@@ -86,12 +86,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def lora_record(cfg) -> dict | None:
+    """What a checkpoint of this run records of its LoRA adapters (trainer/loop.py), None without LoRA."""
+    from grpo_core.models.lora_settings import LoRASettings
+
+    lora = LoRASettings.from_config(cfg.actor_rollout_ref.model.lora, seed=cfg.actor_rollout_ref.actor.megatron.seed)
+    return {**lora.record(), "base_model": cfg.actor_rollout_ref.model.path} if lora.enabled else None
+
+
 def _check_resume_point(run, checkpoint: Path) -> None:
     """CheckpointError when a (verified) checkpoint cannot be resumed here: another model, per-rank optimizer
     shards of another TP/PP, or a data position in another training set."""
     from grpo_core.data.prompts import position_data
     from grpo_core.trainer.checkpoint import (
         check_optimizer_layout,
+        check_same_adapters,
         check_same_data,
         check_same_model,
         contents_setting,
@@ -102,6 +111,7 @@ def _check_resume_point(run, checkpoint: Path) -> None:
         tp, pp = actor.megatron.tensor_model_parallel_size, actor.megatron.pipeline_model_parallel_size
         check_optimizer_layout(checkpoint, tp, pp)
     check_same_model(checkpoint, run.shape)
+    check_same_adapters(checkpoint, lora_record(run.config))
     check_same_data(checkpoint, position_data(run.config.data.train_files, run.config.actor_rollout_ref.model.path))
 
 
@@ -184,10 +194,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     from grpo_core.trainer.export import export_checkpoint
 
     try:
-        out = export_checkpoint(args.checkpoint, args.out_dir)
+        out = export_checkpoint(args.checkpoint, args.out_dir, peft=args.peft)
     except CheckpointError as e:
         raise UserError(str(e)) from None
-    console.print(f"exported {args.checkpoint} as a Hugging Face model: {out}", markup=False)
+    what = "a PEFT LoRA adapter" if args.peft else "a Hugging Face model"
+    console.print(f"exported {args.checkpoint} as {what}: {out}", markup=False)
     return 0
 
 
@@ -467,6 +478,12 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="write a training checkpoint as a Hugging Face model")
     export.add_argument("checkpoint", help="a checkpoint directory (…/step_000100)")
     export.add_argument("out_dir")
+    export.add_argument(
+        "--peft",
+        action="store_true",
+        help="a LoRA checkpoint's adapters as a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)"
+        " instead of the merged model",
+    )
     export.set_defaults(func=cmd_export)
 
     verify = sub.add_parser("verify", help="check that a training checkpoint is whole (its manifest's sizes, hashes)")

@@ -25,7 +25,7 @@ from grpo_core.algos import agg_denominator
 from grpo_core.data.batch import RolloutBatch
 from grpo_core.models import fused
 from grpo_core.models.bridge import DTYPES, build_model, load_hf_weights, transformer_config
-from grpo_core.models.lora import LoRASettings, adapters_disabled, apply_lora
+from grpo_core.models.lora import LoRASettings, adapters_disabled, apply_lora, is_adapter_param
 from grpo_core.models.shape import ModelShape
 from grpo_core.numerics import NotFinite, finite_each
 from grpo_core.planning.layout import ParallelLayout
@@ -182,7 +182,7 @@ class MegatronActor:
         if hf_path is not None:
             for chunk in self.model:
                 load_hf_weights(chunk, hf_path, shape)
-        if trainable and settings.lora.enabled:  # after the weights, before DDP and the optimizer see the params
+        if settings.lora.enabled:  # after the weights, before DDP and the optimizer see the params
             for chunk in self.model:
                 apply_lora(chunk, settings.lora)
         if trainable:
@@ -564,6 +564,8 @@ class MegatronActor:
         state = {}
         for key, module in self._unwrapped_chunks():
             state[key] = module.sharded_state_dict()
+            if self.s.lora.enabled:  # the frozen base is model.path's: a LoRA checkpoint holds the adapters only
+                state[key] = {k: v for k, v in state[key].items() if is_adapter_param(k)}
         if self.trainable and optimizer:
             if is_loading:
                 optimizer_state.zero_adam_states(self.optimizer)
@@ -581,7 +583,13 @@ class MegatronActor:
 
     def load_sharded_state_dict(self, state: dict) -> None:
         for key, module in self._unwrapped_chunks():
-            module.load_state_dict(state[key])
+            if not self.s.lora.enabled:
+                module.load_state_dict(state[key])
+                continue
+            result = module.load_state_dict(state[key], strict=False)  # the adapters; the base is model.path's
+            missing = [k for k in result.missing_keys if is_adapter_param(k)]
+            if missing or result.unexpected_keys:
+                raise KeyError(f"LoRA adapters missing {missing[:3]} / unexpected {result.unexpected_keys[:3]}")
         if self.trainable and "optimizer" in state:
             optimizer_state.load(self.optimizer, state["optimizer"])
             if self._fused_adam:  # the checkpoint's param groups may say otherwise

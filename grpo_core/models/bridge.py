@@ -346,6 +346,42 @@ def peft_adapter_tensors(model: GPTModel | Sequence[GPTModel], shape: ModelShape
     return {k: v for part in parts for k, v in part.items()} if parts is not None else {}
 
 
+def write_peft_adapter(model, shape: ModelShape, out_dir: str | Path, lora, base_model: str) -> None:
+    """``adapter_model.safetensors`` (peft's key names) and ``adapter_config.json`` in ``out_dir``, from rank 0
+    (every rank of the model calls it): what ``peft.PeftModel.from_pretrained(base, out_dir)`` loads. ``lora``: the
+    LoRASettings the adapters were built with; ``base_model``: the model they belong to."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    tensors = peft_adapter_tensors(model, shape)
+    if dist.get_rank() == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / f".adapter_model.safetensors.tmp-{os.getpid()}"
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, out_dir / "adapter_model.safetensors")
+        config = {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": base_model,
+            "r": lora.rank,
+            "lora_alpha": lora.alpha,
+            "lora_dropout": lora.dropout,
+            # the HF modules adapted (a linear excluded in some layers has no tensors there: peft's B = 0 there)
+            "target_modules": sorted({k.rsplit(".", 3)[1] for k in tensors}),
+            "bias": "none",
+            "fan_in_fan_out": False,
+            "inference_mode": True,
+            "init_lora_weights": True,
+            "use_rslora": False,
+            "use_dora": False,
+            "modules_to_save": None,
+        }
+        tmp_config = out_dir / f".adapter_config.json.tmp-{os.getpid()}"
+        tmp_config.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp_config, out_dir / "adapter_config.json")
+    dist.barrier()
+
+
 def _export_items(chunk: GPTModel, shape: ModelShape) -> list[tuple[Mapping, torch.nn.Parameter]]:
     """The parameters this rank takes part in exporting: those of the first data-parallel replica."""
     params = dict(chunk.named_parameters())

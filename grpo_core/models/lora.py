@@ -25,8 +25,6 @@ by the layer's global name, whole, then sliced: every layout starts from the sam
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from fnmatch import fnmatchcase
 
 import torch
 from megatron.core import parallel_state as ps
@@ -39,67 +37,7 @@ from megatron.core.tensor_parallel.mappings import (
     reduce_scatter_to_sequence_parallel_region,
 )
 
-from grpo_core.config.schema import LORA_LINEARS as LINEARS  # verl's target names; ``all-linear``: all four
-
-INIT_METHODS = ("xavier", "kaiming", "zero")
-
-# verl's LoRA name -> the Hugging Face modules whose peft adapters it is (the fused ones share one A)
-PEFT_MODULES = {
-    "linear_qkv": ("q_proj", "k_proj", "v_proj"),
-    "linear_proj": ("o_proj",),
-    "linear_fc1": ("gate_proj", "up_proj"),
-    "linear_fc2": ("down_proj",),
-}
-
-
-@dataclass(frozen=True)
-class LoRASettings:
-    """``actor_rollout_ref.model.lora``: rank 0 is off."""
-
-    rank: int = 0
-    alpha: float = 32.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = LINEARS
-    exclude_modules: tuple[str, ...] = ()
-    a_init: str = "xavier"
-    b_init: str = "zero"
-    seed: int = 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
-
-    @classmethod
-    def from_config(cls, lora, seed: int = 0) -> "LoRASettings":
-        """From the config tree's ``model.lora`` section."""
-        return cls(
-            rank=lora.rank,
-            alpha=float(lora.alpha),
-            dropout=lora.dropout,
-            target_modules=tuple(lora.target_modules),
-            exclude_modules=tuple(lora.exclude_modules),
-            a_init=lora.lora_A_init_method,
-            b_init=lora.lora_B_init_method,
-            seed=seed,
-        )
-
-    def selects(self, name: str) -> bool:
-        """Whether the linear ``name`` (its full module name) gets an adapter: it matches a target (a kind of
-        linear, ``all-linear``, or a wildcard pattern on the name) and no exclusion. With exclusions and no
-        targets, every linear not excluded (verl's rule)."""
-        kind = name.rsplit(".", 1)[-1]
-        if kind not in LINEARS:
-            return False
-
-        def hit(pattern: str) -> bool:
-            return pattern in (kind, name, "all-linear") or fnmatchcase(name, pattern)
-
-        targets = self.target_modules or (("all-linear",) if self.exclude_modules else ())
-        return any(hit(p) for p in targets) and not any(hit(p) for p in self.exclude_modules)
+from grpo_core.models.lora_settings import INIT_METHODS, LINEARS, LoRASettings
 
 
 class LoRA(torch.nn.Module):

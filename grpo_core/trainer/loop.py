@@ -210,6 +210,8 @@ def set_up(cfg: GRPOConfig, shape: ModelShape) -> TrainingSetup:
         # what the data position counts in: the training set, and the rows its start model had seen
         "data": {**position_data(d.train_files, model_dir), "rows": len(train_prompts)},
     }
+    if settings.lora.enabled:  # a LoRA checkpoint holds adapters: it names the base they belong to
+        trainer_state["lora"] = {**settings.lora.record(), "base_model": model_cfg.path}
     save_contents, load_contents = contents_setting(arr.actor.checkpoint)
     return TrainingSetup(
         cfg=cfg,
