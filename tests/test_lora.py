@@ -1,10 +1,11 @@
 """LoRA on the megatron actor against transformers + peft with the same adapters, on a tiny Llama and a tiny Qwen2.
 
-One torchrun launch (2 processes, tests/dist/lora_worker.py) runs each model at TP=1 (DP=2) and TP=2; this process
+One torchrun launch (2 processes, tests/dist/lora_worker.py) runs each model at TP=1 (DP=2), TP=2 (with and without
+sequence parallelism) and PP=2; this process
 rebuilds the same adapters in peft (a fused linear's adapter is one peft adapter per module it fuses: the same A,
 B's rows cut apart) and checks: log-probs with and without the adapters, the gradients of A and B, that one update
-changes only the adapters (megatron's DDP and optimizer hold nothing else), that TP=2 gives TP=1's update, and that
-the rollout engines' merged weights are peft's merge_and_unload."""
+changes only the adapters (megatron's DDP and optimizer hold nothing else), that every layout gives TP=1's update,
+and that the rollout engines' merged weights are peft's merge_and_unload."""
 
 import json
 
@@ -128,7 +129,7 @@ def test_gradients_of_a_and_b_are_peft_s(lora_run, name):
             assert close(ours[key], peft_grads[key]), key
 
 
-@pytest.mark.parametrize("layout", ["tp1", "tp2"])
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "tp2sp", "pp2"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_only_the_adapters_train_and_the_base_stays_the_reference(lora_run, name, layout):
     _, results = lora_run
@@ -141,16 +142,18 @@ def test_only_the_adapters_train_and_the_base_stays_the_reference(lora_run, name
     assert not close(result["log_probs_after"], result["log_probs"], mask)  # the adapters did
 
 
+@pytest.mark.parametrize("layout", ["tp2", "tp2sp", "pp2"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_tp2_gives_tp1_s_update(lora_run, name):
+def test_every_layout_gives_tp1_s_update(lora_run, name, layout):
     root, results = lora_run
-    one, two = results[f"{name}_tp1"], results[f"{name}_tp2"]
+    one, two = results[f"{name}_tp1"], results[f"{name}_{layout}"]
+    assert two["sequence_parallel"] == (layout == "tp2sp")  # the adapters took the sequence-parallel path
     mask = torch.tensor(one["response_mask"]).bool()
     for key in ("log_probs", "base_log_probs", "log_probs_after"):
         assert close(one[key], two[key], mask), key
     assert one["grad_norm"] == pytest.approx(two["grad_norm"], abs=TOL)
     for part in ("before", "grads", "after", "merged"):
-        a, b = tensors(root, f"{name}_tp1", part), tensors(root, f"{name}_tp2", part)
+        a, b = tensors(root, f"{name}_tp1", part), tensors(root, f"{name}_{layout}", part)
         assert set(a) == set(b), part
         for key in a:
             assert close(a[key], b[key]), (part, key)

@@ -1,6 +1,6 @@
 """Run by torchrun (2 processes) from tests/test_lora.py: LoRA on the megatron actor, per model and layout.
 
-For each Hugging Face model given and TP in (1, 2) (DP = 2 / TP): the adapters as initialised, in peft's names; the
+For each Hugging Face model given and each layout (TP1 DP2, TP2, TP2 with sequence parallelism, PP2): the adapters as initialised, in peft's names; the
 log-probs of a fixed batch with them and without (the base, the reference of a LoRA run); the gradients of one
 on-policy GRPO mini-batch (A and B, in peft's names); then one update: whether every base weight is bit-identical
 after it, which parameters megatron's DDP and optimizer hold, the adapters after, and the merged HF weights the
@@ -60,11 +60,17 @@ def adam_numel(optimizer) -> int:
     return sum(s["exp_avg"].numel() for o in parts for s in o.optimizer.state.values() if "exp_avg" in s)
 
 
-def run(name: str, hf_dir: str, tp: int, world: int, out: str) -> dict:
+LAYOUTS = {"tp1": (1, 1, False), "tp2": (2, 1, False), "tp2sp": (2, 1, True), "pp2": (1, 2, False)}
+"""name -> (TP, PP, sequence parallelism); DP = 2 / (TP x PP)."""
+
+
+def run(name: str, hf_dir: str, layout_name: str, world: int, out: str) -> dict:
     shape = load_model_shape(hf_dir)
-    layout = ParallelLayout(world_size=world, tp=tp)
+    tp, pp, sp = LAYOUTS[layout_name]
+    layout = ParallelLayout(world_size=world, tp=tp, pp=pp)
     init_model_parallel(layout, seed=7)
     settings = ActorSettings(
+        sequence_parallel=sp,
         layout=layout,
         lr=1e-3,  # Adam moves elements of ~0 gradient by ~lr whatever their size: TP rounding shows at ~lr/1000
         weight_decay=0.0,
@@ -99,6 +105,7 @@ def run(name: str, hf_dir: str, tp: int, world: int, out: str) -> dict:
         "buffers_hold_only_adapters": {id(p) for n, p in named if ".lora." in n} == buffered,
         "adam_numel": adam_numel(actor.optimizer),
         "lora_numel": lora_numel,
+        "sequence_parallel": all(a.sequence_parallel for a in adapters(actor.model)),
         "base_unchanged": all(torch.equal(named_after[n], t) for n, t in frozen.items()),
         "log_probs": log_probs.tolist(),
         "base_log_probs": base_log_probs.tolist(),
@@ -111,7 +118,7 @@ def run(name: str, hf_dir: str, tp: int, world: int, out: str) -> dict:
         "advantages": batch.advantages.tolist(),
     }
     if dist.get_rank() == 0:
-        key = f"{name}_tp{tp}"
+        key = f"{name}_{layout_name}"
         for part, tensors in (("before", before), ("grads", grads), ("after", after), ("merged", merged)):
             save_file({k: v.contiguous() for k, v in tensors.items()}, f"{out}/{key}_{part}.safetensors")
     return result
@@ -127,8 +134,8 @@ def main() -> None:
     results = {}
     for spec in args.models.split(","):
         name, hf_dir = spec.split("=", 1)
-        for tp in (1, 2):
-            results[f"{name}_tp{tp}"] = run(name, hf_dir, tp, world, args.out)
+        for layout_name in LAYOUTS:
+            results[f"{name}_{layout_name}"] = run(name, hf_dir, layout_name, world, args.out)
     if dist.get_rank() == 0:
         with open(f"{args.out}/results.json", "w") as f:
             json.dump(results, f)
