@@ -194,9 +194,11 @@ class MegatronActor:
 
     def _build_chunks(self) -> list[torch.nn.Module]:
         vpp = self.s.layout.vpp
+        # LoRA adapts megatron's own parallel linears: the project's layer spec even where Transformer Engine is there
+        use_te = False if self.s.lora.enabled else None
         if vpp is None:
-            return [build_model(self.shape, self.config).to(device())]
-        return [build_model(self.shape, self.config, vp_stage=i).to(device()) for i in range(vpp)]
+            return [build_model(self.shape, self.config, use_te=use_te).to(device())]
+        return [build_model(self.shape, self.config, vp_stage=i, use_te=use_te).to(device()) for i in range(vpp)]
 
     def _wrap_for_training(self) -> None:
         s = self.s
