@@ -168,3 +168,13 @@ def test_the_engines_get_peft_s_merged_weights(lora_run, name):
     assert set(merged) == set(expected)
     for key, value in merged.items():
         assert close(value, expected[key]), key
+
+
+def test_a_checkpoint_holds_the_adapters_and_their_adam_state_at_any_layout(lora_run):
+    """Saved at TP2 with sequence parallelism, loaded at TP1 (DP2): the same policy, and the same next update."""
+    _, results = lora_run
+    numbers = results["checkpoint"]
+    mask = torch.tensor(numbers["response_mask"]).bool()
+    assert close(numbers["tp1_loaded"], numbers["tp2sp_saved"], mask)
+    assert numbers["tp1_next_grad_norm"] == pytest.approx(numbers["tp2sp_next_grad_norm"], abs=TOL)
+    assert close(numbers["tp1_next"], numbers["tp2sp_next"], mask)

@@ -124,6 +124,36 @@ def run(name: str, hf_dir: str, layout_name: str, world: int, out: str) -> dict:
     return result
 
 
+def checkpoint_round_trip(hf_dir: str, world: int, out: str) -> dict:
+    """A LoRA actor at TP2 with sequence parallelism steps once and is saved (adapters and Adam state); an actor at
+    TP1 (DP2) loads it: the same log-probs, and the same next update as the TP2 actor's."""
+    from grpo_core.trainer.checkpoint import CheckpointManager
+
+    shape = load_model_shape(hf_dir)
+    batch = synthetic_batch(shape.vocab_size)
+    numbers = {}
+    for layout_name in ("tp2sp", "tp1"):
+        tp, pp, sp = LAYOUTS[layout_name]
+        layout = ParallelLayout(world_size=world, tp=tp, pp=pp)
+        init_model_parallel(layout, seed=7)
+        settings = ActorSettings(layout=layout, sequence_parallel=sp, lr=1e-3, loss=LOSS, lora=LORA, mini_batch_rows=8)
+        actor = MegatronActor(shape, settings, hf_path=hf_dir)
+        manager = CheckpointManager(f"{out}/checkpoints")
+        if layout_name == "tp2sp":
+            batch.old_log_probs = actor.compute_log_prob(batch)[0]
+            actor.update(batch)
+            manager.save(1, actor, {"hf_config": {}})
+        else:
+            manager.load(manager.latest(), actor)
+        log_probs = actor.compute_log_prob(batch)[0]
+        numbers[f"{layout_name}_loaded" if layout_name == "tp1" else "tp2sp_saved"] = log_probs.tolist()
+        batch.old_log_probs = log_probs
+        numbers[f"{layout_name}_next_grad_norm"] = actor.update(batch)["actor/grad_norm"]
+        numbers[f"{layout_name}_next"] = actor.compute_log_prob(batch)[0].tolist()
+    numbers["response_mask"] = batch.response_mask.tolist()
+    return numbers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", required=True, help="name=hf_dir,...")
@@ -136,6 +166,7 @@ def main() -> None:
         name, hf_dir = spec.split("=", 1)
         for layout_name in LAYOUTS:
             results[f"{name}_{layout_name}"] = run(name, hf_dir, layout_name, world, args.out)
+    results["checkpoint"] = checkpoint_round_trip(args.models.split(",")[0].split("=", 1)[1], world, args.out)
     if dist.get_rank() == 0:
         with open(f"{args.out}/results.json", "w") as f:
             json.dump(results, f)
