@@ -140,7 +140,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.gpus < 1 or args.gpu_memory <= 0 or args.seq_len < 1:
         raise UserError("--gpus, --gpu-memory and --seq-len must be positive")
     shape = load_model_shape(args.model)
-    plan = plan_layout(shape, args.gpus, args.gpu_memory, args.seq_len, args.gpus_per_node)
+    if args.lora_rank < 0:
+        raise UserError("--lora-rank must be >= 0 (0: all parameters train)")
+    plan = plan_layout(shape, args.gpus, args.gpu_memory, args.seq_len, args.gpus_per_node, lora_rank=args.lora_rank)
     if plan is None:
         raise UserError(
             f"{args.model} ({shape.num_params / 1e9:.1f}B) does not fit on {args.gpus} x {args.gpu_memory:g} GiB "
@@ -164,6 +166,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ]
     if layout.ep > 1:
         overrides.append(f"{prefix}expert_model_parallel_size={layout.ep}")
+    if args.lora_rank:
+        overrides.append(f"actor_rollout_ref.model.lora.rank={args.lora_rank}")
     first, last = plan.uneven_stages
     if first:
         overrides.append(f"+{prefix}override_transformer_config.num_layers_in_first_pipeline_stage={first}")
@@ -467,6 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--gpu-memory", type=float, required=True, help="GiB per GPU")
     plan.add_argument("--seq-len", type=int, default=2048, help="prompt + response tokens")
     plan.add_argument("--gpus-per-node", type=int, default=8)
+    plan.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank on a frozen base (0: off)")
     plan.set_defaults(func=cmd_plan)
 
     prepare = sub.add_parser("prepare", help="write GSM8K as verl-style parquet")
