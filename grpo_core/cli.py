@@ -86,12 +86,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def lora_record(cfg) -> dict | None:
+    """What a checkpoint of this run records of its LoRA adapters (trainer/loop.py), None without LoRA."""
+    from grpo_core.models.lora_settings import LoRASettings
+
+    lora = LoRASettings.from_config(cfg.actor_rollout_ref.model.lora, seed=cfg.actor_rollout_ref.actor.megatron.seed)
+    return {**lora.record(), "base_model": cfg.actor_rollout_ref.model.path} if lora.enabled else None
+
+
 def _check_resume_point(run, checkpoint: Path) -> None:
     """CheckpointError when a (verified) checkpoint cannot be resumed here: another model, per-rank optimizer
     shards of another TP/PP, or a data position in another training set."""
     from grpo_core.data.prompts import position_data
     from grpo_core.trainer.checkpoint import (
         check_optimizer_layout,
+        check_same_adapters,
         check_same_data,
         check_same_model,
         contents_setting,
@@ -102,6 +111,7 @@ def _check_resume_point(run, checkpoint: Path) -> None:
         tp, pp = actor.megatron.tensor_model_parallel_size, actor.megatron.pipeline_model_parallel_size
         check_optimizer_layout(checkpoint, tp, pp)
     check_same_model(checkpoint, run.shape)
+    check_same_adapters(checkpoint, lora_record(run.config))
     check_same_data(checkpoint, position_data(run.config.data.train_files, run.config.actor_rollout_ref.model.path))
 
 
@@ -130,7 +140,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.gpus < 1 or args.gpu_memory <= 0 or args.seq_len < 1:
         raise UserError("--gpus, --gpu-memory and --seq-len must be positive")
     shape = load_model_shape(args.model)
-    plan = plan_layout(shape, args.gpus, args.gpu_memory, args.seq_len, args.gpus_per_node)
+    if args.lora_rank < 0:
+        raise UserError("--lora-rank must be >= 0 (0: all parameters train)")
+    plan = plan_layout(shape, args.gpus, args.gpu_memory, args.seq_len, args.gpus_per_node, lora_rank=args.lora_rank)
     if plan is None:
         raise UserError(
             f"{args.model} ({shape.num_params / 1e9:.1f}B) does not fit on {args.gpus} x {args.gpu_memory:g} GiB "
@@ -154,6 +166,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ]
     if layout.ep > 1:
         overrides.append(f"{prefix}expert_model_parallel_size={layout.ep}")
+    if args.lora_rank:
+        overrides.append(f"actor_rollout_ref.model.lora.rank={args.lora_rank}")
     first, last = plan.uneven_stages
     if first:
         overrides.append(f"+{prefix}override_transformer_config.num_layers_in_first_pipeline_stage={first}")
@@ -184,10 +198,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     from grpo_core.trainer.export import export_checkpoint
 
     try:
-        out = export_checkpoint(args.checkpoint, args.out_dir)
+        out = export_checkpoint(args.checkpoint, args.out_dir, peft=args.peft)
     except CheckpointError as e:
         raise UserError(str(e)) from None
-    console.print(f"exported {args.checkpoint} as a Hugging Face model: {out}", markup=False)
+    what = "a PEFT LoRA adapter" if args.peft else "a Hugging Face model"
+    console.print(f"exported {args.checkpoint} as {what}: {out}", markup=False)
     return 0
 
 
@@ -456,6 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--gpu-memory", type=float, required=True, help="GiB per GPU")
     plan.add_argument("--seq-len", type=int, default=2048, help="prompt + response tokens")
     plan.add_argument("--gpus-per-node", type=int, default=8)
+    plan.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank on a frozen base (0: off)")
     plan.set_defaults(func=cmd_plan)
 
     prepare = sub.add_parser("prepare", help="write GSM8K as verl-style parquet")
@@ -467,6 +483,12 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="write a training checkpoint as a Hugging Face model")
     export.add_argument("checkpoint", help="a checkpoint directory (…/step_000100)")
     export.add_argument("out_dir")
+    export.add_argument(
+        "--peft",
+        action="store_true",
+        help="a LoRA checkpoint's adapters as a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)"
+        " instead of the merged model",
+    )
     export.set_defaults(func=cmd_export)
 
     verify = sub.add_parser("verify", help="check that a training checkpoint is whole (its manifest's sizes, hashes)")

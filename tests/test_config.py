@@ -58,13 +58,15 @@ def test_file_then_overrides(tmp_path):
 
 @pytest.mark.parametrize("alias,canonical", sorted(ALIASES.items()))
 def test_aliases_agree_or_conflict(alias, canonical):
-    cfg = load_config(None, [f"{alias}=7"])
+    listed = canonical.endswith("_modules")  # LoRA's module lists: one name stands for a list of it
+    value, other, expected = ("linear_qkv", "linear_fc2", ["linear_qkv"]) if listed else (7, 9, 7)
+    cfg = load_config(None, [f"{alias}={value}"])
     node = cfg
     for part in canonical.split("."):
         node = getattr(node, part)
-    assert node == 7
-    assert load_config(None, [f"{alias}=7", f"{canonical}=7"])  # both, same value: fine
-    (problem,) = problems_of(overrides=[f"{alias}=7", f"{canonical}=9"])
+    assert node == expected
+    assert load_config(None, [f"{alias}={value}", f"{canonical}={value}"])  # both, same value: fine
+    (problem,) = problems_of(overrides=[f"{alias}={value}", f"{canonical}={other}"])
     assert alias in problem and canonical in problem and "conflicts" in problem
 
 

@@ -413,3 +413,26 @@ def test_pinned_rounding_by_hand():
     assert pinned_rounding(shape, ParallelLayout(world_size=3), shards=3) == pytest.approx(472 * 3 / 1040)
     # Qwen2.5-7B's fp32 tensors on one GPU: megatron's CPU optimizer pins ~1.89x their bytes
     assert pinned_rounding(shape_of("Qwen/Qwen2.5-7B"), ParallelLayout(world_size=1)) == pytest.approx(1.886, abs=1e-3)
+
+
+def test_lora_keeps_no_gradients_optimizer_state_or_reference_for_the_base():
+    """LoRA rank 64 on Qwen2.5-7B: bf16 base + adapters, fp32 gradients and 12 B of optimizer state per adapter
+    parameter only, no reference weights; the planner then fits it on one 80 GB GPU without offload, where full
+    training does not fit there without it."""
+    from grpo_core.planning.memory import lora_params_per_gpu
+
+    shape, one, rank = shape_of("Qwen/Qwen2.5-7B"), ParallelLayout(world_size=1), 64
+    h, ffn, layers = shape.hidden_size, shape.ffn_hidden_size, shape.num_layers
+    qkv = (shape.num_attention_heads + 2 * shape.num_kv_heads) * shape.head_dim
+    attn = shape.num_attention_heads * shape.head_dim
+    adapters = layers * rank * ((h + qkv) + (attn + h) + (h + 2 * ffn) + (ffn + h))
+    assert lora_params_per_gpu(shape, one, rank) == pytest.approx(adapters)  # ~40M
+    opts = MemoryOptions(dtype="bfloat16", lora_rank=rank)
+    weights, grads, optimizer = training_state_gib(shape, one, opts)
+    assert weights == pytest.approx((sum(params_per_gpu(shape, one)) + adapters) * 2 / GiB)
+    assert (grads, optimizer) == pytest.approx((adapters * 4 / GiB, adapters * 12 / GiB))
+    estimate = estimate_grpo_memory(shape, one, opts, micro_batch=4, seq_len=2048, gpu_gib=80)
+    assert estimate.reference == 0  # the reference is the base: the actor with its adapters off
+    lora_plan, full_plan = plan_layout(shape, 1, 80, lora_rank=rank), plan_layout(shape, 1, 80)
+    assert lora_plan is not None and lora_plan.estimate.offloaded == []
+    assert full_plan is None or full_plan.estimate.offloaded

@@ -572,3 +572,62 @@ def test_format_rate_counts_answers_scored_at_least_the_format_score():
     m = rollout_metrics(gen, scores, batch, full_score=1.0, format_score=0.1)
     assert m["reward/format_rate"] == 0.5 and m["reward/accuracy"] == 0.25
     assert "reward/format_rate" not in rollout_metrics(gen, scores, batch, full_score=1.0)  # no format reward
+
+
+def test_lora_run_trains_exports_a_peft_adapter_and_resumes_only_on_its_base(tmp_path, capitals):
+    """`grpo train ... model.lora.rank=4` with a KL loss (its reference: the base, adapters off) and the static
+    engine (which gets the merged weights): the engine's log-probs stay the actor's; the checkpoint holds the
+    adapters alone; `grpo export --peft` writes a PEFT adapter that peft loads onto the base with the logits of the
+    merged export; resuming on another base model is one line and exit 2."""
+    pytest.importorskip("peft")
+    import torch
+    from peft import PeftModel
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model_dir(tmp_path / "model")
+    run = tmp_path / "run"
+    lora = [
+        "actor_rollout_ref.model.lora.rank=4",
+        "actor_rollout_ref.model.lora.alpha=8",
+        "actor_rollout_ref.model.lora.lora_B_init_method=kaiming",  # the adapters act from the start
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.rollout.name=static",
+        "actor_rollout_ref.rollout.max_num_seqs=32",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+    ]
+    result = grpo_train(run, *base_overrides(model, capitals, 2), *lora)
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = metrics(run)
+    assert [m["step"] for m in rows] == [1, 2]
+    for m in rows:
+        assert m["rollout/log_prob_diff_max"] < 1e-3, m  # the engine holds W + alpha/rank B A
+        assert m["actor/kl_loss"] > 0, m  # the reference (the base) differs from the policy (base + adapters)
+    step = run / "checkpoints" / "step_000002"
+    saved = sum(p.stat().st_size for p in step.rglob("*.distcp"))
+    assert 0 < saved < (model / "model.safetensors").stat().st_size / 4  # adapters and their Adam state, no base
+    state = json.loads((step / "trainer_state.json").read_text())
+    assert state["lora"]["base_model"] == str(model) and state["lora"]["rank"] == 4
+
+    adapter = tmp_path / "adapter"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "grpo_core.cli", "export", str(step), str(adapter), "--peft"]
+    exported = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert exported.returncode == 0, exported.stderr[-4000:]
+    with safe_open(adapter / "adapter_model.safetensors", "pt") as f:
+        keys = set(f.keys())
+    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in keys, sorted(keys)[:4]
+    ids = torch.tensor([[1, 5, 9, 13, 17, 21]])
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32)
+        base_logits = base(ids).logits
+        peft_logits = PeftModel.from_pretrained(base, adapter)(ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(step / "hf", torch_dtype=torch.float32)(ids).logits
+    assert torch.allclose(peft_logits, merged, atol=1e-5)
+    assert not torch.allclose(peft_logits, base_logits, atol=1e-3)  # the adapter is not a no-op
+
+    other = tiny_model_dir(tmp_path / "other", seed=7)
+    again = grpo_train(run, *base_overrides(other, capitals, 3), *lora)
+    assert again.returncode == 2, again.stderr[-2000:]
+    assert "its LoRA adapters belong to the base model" in again.stderr and "Traceback" not in again.stderr

@@ -24,7 +24,8 @@ def record(request, tmp_path_factory) -> dict:
     workdir = tmp_path_factory.mktemp(f"sync{request.param}")
     out = workdir / "record.json"
     above_kv_heads = ["--megatron-engine"] if request.param > 2 else []
-    torchrun("sync_worker.py", request.param, "--workdir", str(workdir), "--out", str(out), *above_kv_heads)
+    lora = ["--lora"] if request.param == 2 else []  # the TP2 launch also syncs a LoRA actor's merged weights
+    torchrun("sync_worker.py", request.param, "--workdir", str(workdir), "--out", str(out), *above_kv_heads, *lora)
     record = json.loads(out.read_text())
     print(f"x{request.param}:", json.dumps(record["ranks"]))  # numbers for -s / failure reports
     return record
@@ -44,3 +45,10 @@ def test_megatron_engine_above_the_kv_heads(record):
     for rank, numbers in enumerate(record["ranks"]):
         assert numbers["megatron_same_tokens"], f"rank {rank}: greedy tokens differ from HFEngine's"
         assert numbers["megatron_logprob_diff"] <= TOL, f"rank {rank}: {numbers}"
+
+
+@pytest.mark.parametrize("record", [2], ids=["tp2"], indirect=True)
+def test_hf_engine_matches_a_lora_actor_after_sync(record):
+    for rank, numbers in enumerate(record["ranks"]):
+        assert numbers["lora_before"] > 1e-3, f"rank {rank}: the LoRA actor is the full-parameter one: {numbers}"
+        assert numbers["lora_after"] <= TOL, f"rank {rank}: engine and LoRA actor differ after sync: {numbers}"

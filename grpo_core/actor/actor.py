@@ -25,6 +25,7 @@ from grpo_core.algos import agg_denominator
 from grpo_core.data.batch import RolloutBatch
 from grpo_core.models import fused
 from grpo_core.models.bridge import DTYPES, build_model, load_hf_weights, transformer_config
+from grpo_core.models.lora import LoRASettings, adapters_disabled, apply_lora, is_adapter_param
 from grpo_core.models.shape import ModelShape
 from grpo_core.numerics import NotFinite, finite_each
 from grpo_core.planning.layout import ParallelLayout
@@ -71,6 +72,7 @@ class ActorSettings:
     ppo_epochs: int = 1
     shuffle_seed: int | None = None  # actor.shuffle: rows reshuffled between mini-batches by this seed (data.seed)
     loss: LossSettings = LossSettings()
+    lora: LoRASettings = LoRASettings()  # rank > 0: adapters on the frozen base (models/lora.py)
 
     @classmethod
     def from_config(cls, cfg, layout: ParallelLayout, total_optimizer_steps: int) -> "ActorSettings":
@@ -110,6 +112,7 @@ class ActorSettings:
             ppo_epochs=actor.ppo_epochs,
             shuffle_seed=(1 if cfg.data.seed is None else cfg.data.seed) if actor.shuffle else None,
             loss=LossSettings.from_config(cfg),
+            lora=LoRASettings.from_config(cfg.actor_rollout_ref.model.lora, seed=m.seed),
         )
 
 
@@ -179,6 +182,9 @@ class MegatronActor:
         if hf_path is not None:
             for chunk in self.model:
                 load_hf_weights(chunk, hf_path, shape)
+        if settings.lora.enabled:  # after the weights, before DDP and the optimizer see the params
+            for chunk in self.model:
+                apply_lora(chunk, settings.lora)
         if trainable:
             self._wrap_for_training()
         else:
@@ -188,9 +194,11 @@ class MegatronActor:
 
     def _build_chunks(self) -> list[torch.nn.Module]:
         vpp = self.s.layout.vpp
+        # LoRA adapts megatron's own parallel linears: the project's layer spec even where Transformer Engine is there
+        use_te = False if self.s.lora.enabled else None
         if vpp is None:
-            return [build_model(self.shape, self.config).to(device())]
-        return [build_model(self.shape, self.config, vp_stage=i).to(device()) for i in range(vpp)]
+            return [build_model(self.shape, self.config, use_te=use_te).to(device())]
+        return [build_model(self.shape, self.config, vp_stage=i, use_te=use_te).to(device()) for i in range(vpp)]
 
     def _wrap_for_training(self) -> None:
         s = self.s
@@ -342,11 +350,19 @@ class MegatronActor:
 
     @torch.no_grad()
     def compute_log_prob(
-        self, batch: RolloutBatch, micro_batch_rows: int | None = None, micro_batch_tokens: int | None = None
+        self,
+        batch: RolloutBatch,
+        micro_batch_rows: int | None = None,
+        micro_batch_tokens: int | None = None,
+        base: bool = False,
     ):
         """(log-probs, entropy) of every response token, [B, R] each, on every rank. Micro-batches of
         ``micro_batch_rows`` (default: the update's) or, when given, of ``micro_batch_tokens`` tokens (verl's
-        ``log_prob_use_dynamic_bsz`` + ``log_prob_max_token_len_per_gpu``)."""
+        ``log_prob_use_dynamic_bsz`` + ``log_prob_max_token_len_per_gpu``). ``base``: with the LoRA adapters off,
+        i.e. the reference policy of a LoRA run (no second model is loaded for it)."""
+        if base:
+            with adapters_disabled(self.model):
+                return self.compute_log_prob(batch, micro_batch_rows, micro_batch_tokens)
         self.reload_parameters()  # gradients and optimizer stay away
         for chunk in self.model:
             chunk.eval()
@@ -550,6 +566,8 @@ class MegatronActor:
         state = {}
         for key, module in self._unwrapped_chunks():
             state[key] = module.sharded_state_dict()
+            if self.s.lora.enabled:  # the frozen base is model.path's: a LoRA checkpoint holds the adapters only
+                state[key] = {k: v for k, v in state[key].items() if is_adapter_param(k)}
         if self.trainable and optimizer:
             if is_loading:
                 optimizer_state.zero_adam_states(self.optimizer)
@@ -567,7 +585,13 @@ class MegatronActor:
 
     def load_sharded_state_dict(self, state: dict) -> None:
         for key, module in self._unwrapped_chunks():
-            module.load_state_dict(state[key])
+            if not self.s.lora.enabled:
+                module.load_state_dict(state[key])
+                continue
+            result = module.load_state_dict(state[key], strict=False)  # the adapters; the base is model.path's
+            missing = [k for k in result.missing_keys if is_adapter_param(k)]
+            if missing or result.unexpected_keys:
+                raise KeyError(f"LoRA adapters missing {missing[:3]} / unexpected {result.unexpected_keys[:3]}")
         if self.trainable and "optimizer" in state:
             optimizer_state.load(self.optimizer, state["optimizer"])
             if self._fused_adam:  # the checkpoint's param groups may say otherwise

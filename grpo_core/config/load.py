@@ -28,6 +28,11 @@ ALIASES = {
     "actor_rollout_ref.actor.kl_coeff": "actor_rollout_ref.actor.kl_loss_coef",
     "actor_rollout_ref.actor.gradient_clipping": "actor_rollout_ref.actor.grad_clip",
     "actor_rollout_ref.actor.optim.clip_grad": "actor_rollout_ref.actor.grad_clip",
+    # verl's FSDP spellings of the LoRA settings
+    "actor_rollout_ref.model.lora_rank": "actor_rollout_ref.model.lora.rank",
+    "actor_rollout_ref.model.lora_alpha": "actor_rollout_ref.model.lora.alpha",
+    "actor_rollout_ref.model.target_modules": "actor_rollout_ref.model.lora.target_modules",
+    "actor_rollout_ref.model.exclude_modules": "actor_rollout_ref.model.lora.exclude_modules",
 }
 """The guide's (and verl's other) spellings -> this tree's keys. Both are accepted; setting both differently in
 one place is an error."""

@@ -24,6 +24,7 @@ def section(cls: type, help: str) -> Any:
 
 
 DTYPES = ("bfloat16", "float16", "float32")
+LORA_LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")  # verl's megatron LoRA target names
 # auto: bfloat16 where the hardware multiplies in it natively (GPUs; CPUs with AVX-512 or AMX), float32 elsewhere
 AUTO_DTYPE = "auto"
 DTYPE_SECTIONS = ("actor_rollout_ref.actor.megatron", "actor_rollout_ref.rollout", "evaluation")  # each has a dtype
@@ -48,6 +49,23 @@ class DataConfig:
 
 
 @dataclass
+class LoRAConfig:
+    rank: int = setting(0, "LoRA rank: > 0 trains low-rank adapters on the frozen base (0: all parameters)")
+    alpha: float = setting(32.0, "LoRA scaling: the adapters' term is multiplied by alpha / rank")
+    dropout: float = setting(0.0, "dropout on the adapters' input")
+    target_modules: list[str] = setting(
+        list(LORA_LINEARS),
+        "linears that get adapters: linear_qkv, linear_proj, linear_fc1, linear_fc2, all-linear, or wildcard "
+        "patterns on module names (decoder.layers.0.*)",
+    )
+    exclude_modules: list[str] = setting([], "linears that get no adapter (names or wildcard patterns)")
+    lora_A_init_method: str = setting("xavier", "initialisation of A", ("xavier", "kaiming", "zero"))
+    lora_B_init_method: str = setting(
+        "zero", "initialisation of B (zero: training starts at the base)", ("zero", "xavier", "kaiming")
+    )
+
+
+@dataclass
 class ModelConfig:
     path: str = setting("Qwen/Qwen2-7B-Instruct", "Hugging Face model id or local directory")
     tokenizer_path: str | None = setting(None, "tokenizer id or directory (null: same as path)")
@@ -57,6 +75,7 @@ class ModelConfig:
     override_config: dict[str, Any] = setting(
         {}, "Hugging Face config fields to override, verl's nesting: +...override_config.model_config.<field>=value"
     )
+    lora: LoRAConfig = section(LoRAConfig, "LoRA adapters (verl's megatron lora.* keys)")
 
 
 @dataclass

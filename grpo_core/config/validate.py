@@ -26,7 +26,7 @@ from grpo_core.algos import (
     POLICY_LOSSES,
     ROLLOUT_IS_LEVELS,
 )
-from grpo_core.config.schema import CHECKPOINT_CONTENTS, DTYPE_SECTIONS, GRPOConfig, iter_settings
+from grpo_core.config.schema import CHECKPOINT_CONTENTS, DTYPE_SECTIONS, LORA_LINEARS, GRPOConfig, iter_settings
 from grpo_core.config.verl_keys import REFUSED_VALUES
 from grpo_core.models.shape import HF_OVERRIDE_SECTION, ModelShape
 from grpo_core.planning import hardware
@@ -668,6 +668,32 @@ def _check_launch(cfg: GRPOConfig, r: Report) -> None:
         r.errors.append(f"trainer.hang_timeout_s={hang} must be > 0 (or null: automatic)")
 
 
+def _check_lora(cfg: GRPOConfig, shape: ModelShape | None, r: Report) -> None:
+    """LoRA's numbers and names, and what it does not combine with."""
+    lora, key = cfg.actor_rollout_ref.model.lora, "actor_rollout_ref.model.lora"
+    if lora.rank < 0:
+        r.errors.append(f"{key}.rank={lora.rank} must be >= 0 (0: LoRA off)")
+    if lora.rank <= 0:
+        return
+    if lora.alpha <= 0:
+        r.errors.append(f"{key}.alpha={lora.alpha} must be > 0")
+    if not 0 <= lora.dropout < 1:
+        r.errors.append(f"{key}.dropout={lora.dropout} must be in [0, 1)")
+    for name in ("target_modules", "exclude_modules"):
+        for entry in getattr(lora, name):
+            if entry not in (*LORA_LINEARS, "all-linear") and not any(c in entry for c in "*?[."):
+                valid = [*LORA_LINEARS, "all-linear", "or a wildcard pattern on module names"]
+                r.errors.append(f"{key}.{name} entry {entry!r} is not a LoRA target; valid: {valid}")
+    if not lora.target_modules and not lora.exclude_modules:
+        r.errors.append(f"{key}.target_modules is empty: no linear would get an adapter")
+    m = cfg.actor_rollout_ref.actor.megatron
+    if shape is not None and shape.is_moe and (m.expert_tensor_parallel_size or m.tensor_model_parallel_size) > 1:
+        r.errors.append(
+            f"{key}: LoRA on experts split over expert tensor parallelism is not offered here; set "
+            "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1"
+        )
+
+
 def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
     """Every problem with ``cfg``; shape-dependent checks are skipped when the model could not be read."""
     r = Report()
@@ -682,6 +708,7 @@ def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
     _check_megatron_overrides(cfg, r)
     _check_model_overrides(cfg, r)
     _check_custom_reward(cfg, r)
+    _check_lora(cfg, shape, r)
     _check_launch(cfg, r)
     if not 0 < cfg.tracking.champion_alpha <= 1:
         r.errors.append(f"tracking.champion_alpha={cfg.tracking.champion_alpha} must be in (0, 1]")

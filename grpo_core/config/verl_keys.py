@@ -46,7 +46,7 @@ DIST_CKPT = (
 FUSED = "log-probs and entropy always come from the project's fused vocab-parallel kernels (actor/logprobs.py)"
 REWARD_MODEL = "learned reward models are not offered (rule rewards only): these settings configure one"
 SINGLE_TURN = "single-turn generation only: multi-turn/tool-use agent loops are not offered"
-LORA = "LoRA adapters (this project trains all parameters)"
+LORA_OTHER = "this LoRA setting (rank, alpha, dropout, target_modules, exclude_modules and the init methods are)"
 REF_FROZEN = "the reference model is frozen: it has no gradients or optimizer"
 REF_FOLLOWS = "the reference model is built like the actor (same dtype, seed and megatron settings)"
 DEPRECATED_GLOBAL = "verl's deprecated global micro-batch size: set the *_per_gpu key instead"
@@ -230,14 +230,36 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
         "custom chat templates (the tokenizer's own template is used)", f"{ARR}.model.custom_chat_template", off=(None,)
     ),
     *_refused("importing a user's model library (external_lib)", f"{ARR}.model.external_lib", off=(None,)),
-    *_refused(LORA, f"{ARR}.model.lora.rank", f"{ARR}.model.lora_rank", off=(0,)),
-    *_ignored(
-        "used only with LoRA (lora.rank > 0), which is not offered",
-        f"{ARR}.model.lora.*",
-        f"{ARR}.model.lora_alpha",
-        f"{ARR}.model.target_modules",
-        f"{ARR}.model.exclude_modules",
+    *_refused(
+        "LoRA types other than plain lora (canonical_lora, vlm_lora, dora)", f"{ARR}.model.lora.type", off=("lora",)
     ),
+    *_ignored(
+        "the rollout engines always get the merged weights W + alpha/rank B A after each update",
+        f"{ARR}.model.lora.merge",
+        f"{ARR}.model.lora.fully_sharded_loras",
+    ),
+    *_refused(
+        "dropout after the LoRA projection (dropout_position=post)", f"{ARR}.model.lora.dropout_position", off=("pre",)
+    ),
+    *_refused("LoRA adapters in a dtype of their own (they take the model's)", f"{ARR}.model.lora.dtype", off=(None,)),
+    *_refused(
+        "starting from a saved LoRA adapter (adapter_path)",
+        f"{ARR}.model.lora.adapter_path",
+        f"{ARR}.model.lora_adapter_path",
+        off=(None,),
+    ),
+    *_refused(
+        "megatron-bridge's all-to-all LoRA (a2a_experimental)", f"{ARR}.model.lora.a2a_experimental", off=(False,)
+    ),
+    *_ignored(
+        "text models only: there is no vision model to freeze",
+        f"{ARR}.model.lora.freeze_vision_model",
+        f"{ARR}.model.lora.freeze_vision_projection",
+    ),
+    *_refused(
+        "training the language model in full beside LoRA", f"{ARR}.model.lora.freeze_language_model", off=(True,)
+    ),
+    *_refused(LORA_OTHER, f"{ARR}.model.lora.*"),
     *_ignored("Liger kernels are for FSDP models: " + FUSED, f"{ARR}.model.use_liger"),
     *_ignored("model files are read from disk (or the hub cache)", f"{ARR}.model.use_shm"),
     *_ignored(

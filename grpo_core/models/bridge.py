@@ -26,6 +26,8 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from grpo_core.models.fused import fusion_flags
+from grpo_core.models.lora import global_linear_names as lora_linears
+from grpo_core.models.lora import merged_weight
 from grpo_core.models.shape import ModelShape
 from grpo_core.models.spec import final_norm, gpt_layer_spec
 from grpo_core.models.weights import (
@@ -272,7 +274,7 @@ def _stream(units: list, items: dict, shape: ModelShape, dtype: torch.dtype | No
 def _full(m: Mapping, p: torch.nn.Parameter, shape: ModelShape) -> dict[str, torch.Tensor]:
     """The HF tensors of one parameter, gathered over its TP group (on that group's rank 0 only)."""
     rank, size, group = _shard_group(m)
-    full = p.detach()
+    full = merged_weight(p)  # W + scale * B A of this shard where a LoRA adapter is on it (models/lora.py)
     if size > 1 and m.kind != "none":
         shards = [torch.empty_like(full) for _ in range(size)]
         dist.all_gather(shards, full.contiguous(), group=group)
@@ -310,6 +312,73 @@ def export_hf_weights(
     else:
         for _ in tensors:
             pass
+    dist.barrier()
+
+
+def peft_adapter_tensors(model: GPTModel | Sequence[GPTModel], shape: ModelShape) -> dict[str, torch.Tensor]:
+    """The LoRA adapters under peft's key names (``base_model.model.<HF module>.lora_A.weight``), whole, on global
+    rank 0 (empty elsewhere); every rank of the model calls it. A fused linear's adapter is one adapter per HF
+    module it fuses: the same A for each, B's rows cut apart as the weight's are (q/k/v, gate/up)."""
+    local: dict[str, torch.Tensor] = {}
+    dp_rank, expert_dp_rank = ps.get_data_parallel_rank(with_context_parallel=True), ps.get_expert_data_parallel_rank()
+    for chunk in _chunks(model):
+        mappings = {m.param: m for m in _mappings(chunk, shape)}
+        for local_name, _, module in lora_linears(chunk):
+            adapter = getattr(module, "lora", None)
+            m = mappings[f"{local_name}.weight"]
+            if adapter is None or (expert_dp_rank if m.expert else dp_rank) != 0:
+                continue
+            rank, size, group = _shard_group(m)
+            a, b = adapter.A.detach(), adapter.B.detach()
+            if size > 1:  # B's rows (column-parallel) or A's columns (row-parallel) are split like the weight's
+                split = b if adapter.column else a
+                shards = [torch.empty_like(split) for _ in range(size)]
+                dist.all_gather(shards, split.contiguous(), group=group)
+                b, a = (torch.cat(shards, 0), a) if adapter.column else (b, torch.cat(shards, 1))
+            if rank != 0:
+                continue
+            for hf_name, rows in split_full(m, b, size, shape).items():
+                key = "base_model.model." + hf_name.removesuffix(".weight")
+                local[f"{key}.lora_A.weight"] = a.cpu().clone()
+                local[f"{key}.lora_B.weight"] = rows.cpu().clone()
+    parts: list[dict] | None = [{} for _ in range(dist.get_world_size())] if dist.get_rank() == 0 else None
+    dist.gather_object(local, parts, dst=0)
+    return {k: v for part in parts for k, v in part.items()} if parts is not None else {}
+
+
+def write_peft_adapter(model, shape: ModelShape, out_dir: str | Path, lora, base_model: str) -> None:
+    """``adapter_model.safetensors`` (peft's key names) and ``adapter_config.json`` in ``out_dir``, from rank 0
+    (every rank of the model calls it): what ``peft.PeftModel.from_pretrained(base, out_dir)`` loads. ``lora``: the
+    LoRASettings the adapters were built with; ``base_model``: the model they belong to."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    tensors = peft_adapter_tensors(model, shape)
+    if dist.get_rank() == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / f".adapter_model.safetensors.tmp-{os.getpid()}"
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, out_dir / "adapter_model.safetensors")
+        config = {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": base_model,
+            "r": lora.rank,
+            "lora_alpha": lora.alpha,
+            "lora_dropout": lora.dropout,
+            # the HF modules adapted (a linear excluded in some layers has no tensors there: peft's B = 0 there)
+            "target_modules": sorted({k.rsplit(".", 3)[1] for k in tensors}),
+            "bias": "none",
+            "fan_in_fan_out": False,
+            "inference_mode": True,
+            "init_lora_weights": True,
+            "use_rslora": False,
+            "use_dora": False,
+            "modules_to_save": None,
+        }
+        tmp_config = out_dir / f".adapter_config.json.tmp-{os.getpid()}"
+        tmp_config.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp_config, out_dir / "adapter_config.json")
     dist.barrier()
 
 

@@ -99,6 +99,8 @@ def layer_mappings(model: torch.nn.Module, shape: ModelShape, ep_rank: int, ep_s
     local_experts = shape.num_experts // ep_size if shape.is_moe else 0
     mappings = []
     for name, _ in model.named_parameters():
+        if ".lora." in name:  # LoRA adapters (models/lora.py): merged into their linear's weight on export
+            continue
         if name in GLOBAL_TABLE:
             mappings.append(_global_mapping(name, shape))
             continue

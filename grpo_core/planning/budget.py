@@ -59,6 +59,7 @@ def memory_options(cfg: GRPOConfig) -> MemoryOptions:
         sequence_parallel=m.sequence_parallel,
         recompute=cfg.actor_rollout_ref.model.enable_gradient_checkpointing
         or m.override_transformer_config.get("recompute_granularity") is not None,
+        lora_rank=cfg.actor_rollout_ref.model.lora.rank,
     )
 
 

@@ -63,6 +63,7 @@ class MemoryOptions:
     sequence_parallel: bool = True
     recompute: bool = False
     attention: str = "sdpa"  # "sdpa" (flash/memory-efficient) or "unfused" (materialised scores)
+    lora_rank: int = 0  # > 0: LoRA adapters train, the base is frozen and is also the reference (no ref weights)
 
 
 @dataclass
@@ -171,8 +172,23 @@ def logits_gib(shape: ModelShape, layout: ParallelLayout, micro_batch: int, seq_
     return tokens * shape.vocab_size / layout.tp * LOGIT_BYTES / GiB
 
 
+def lora_params_per_gpu(shape: ModelShape, layout: ParallelLayout, rank: int) -> float:
+    """LoRA parameters on one GPU of the heaviest stage, adapters on the four dense linears of every layer:
+    a column-parallel linear's A [r, in] whole and B [out/TP, r], a row-parallel one's A [r, in/TP] and B whole.
+    (Adapters on MoE experts are not counted.)"""
+    h, tp = shape.hidden_size, layout.tp
+    qkv = (shape.num_attention_heads + 2 * shape.num_kv_heads) * shape.head_dim
+    attn = shape.num_attention_heads * shape.head_dim
+    ffn = 0 if shape.is_moe else shape.ffn_hidden_size
+    per_layer = rank * (h + qkv / tp) + rank * (attn / tp + h)
+    if ffn:
+        per_layer += rank * (h + 2 * ffn / tp) + rank * (ffn / tp + h)
+    return shape.num_layers / layout.pp * per_layer
+
+
 def training_state_gib(shape: ModelShape, layout: ParallelLayout, opts: MemoryOptions, shard_optimizer: bool = True):
-    """(weights, gradients, optimizer) in GiB on one GPU during the update."""
+    """(weights, gradients, optimizer) in GiB on one GPU during the update. With LoRA only the adapters have
+    gradients, fp32 masters and Adam states; the frozen base has none of them."""
     dense, expert = params_per_gpu(shape, layout)
     params = dense + expert
     wbytes = DTYPE_BYTES[opts.dtype]
@@ -180,6 +196,10 @@ def training_state_gib(shape: ModelShape, layout: ParallelLayout, opts: MemoryOp
     opt_bytes = ADAM_BYTES * (1 - float(opts.optimizer_offload)) + (MASTER_BYTES if masters_here else 0)
     dense_shards = layout.dp if (opts.use_distributed_optimizer and shard_optimizer) else 1
     expert_shards = layout.expert_dp if (opts.use_distributed_optimizer and shard_optimizer) else 1
+    if opts.lora_rank > 0:
+        adapters = lora_params_per_gpu(shape, layout, opts.lora_rank)
+        optimizer = opt_bytes * adapters / dense_shards
+        return (params + adapters) * wbytes / GiB, adapters * GRAD_BYTES / GiB, optimizer / GiB
     optimizer = opt_bytes * (dense / dense_shards + expert / expert_shards)
     return params * wbytes / GiB, params * GRAD_BYTES / GiB, optimizer / GiB
 
@@ -234,6 +254,7 @@ def estimate_grpo_memory(
     weights, grads, optimizer = training_state_gib(shape, layout, opts)
     acts = activation_gib(shape, layout, micro_batch, seq_len, opts)
     logits = logits_gib(shape, layout, micro_batch, seq_len)
+    with_reference = with_reference and opts.lora_rank == 0  # LoRA: the reference is the actor's base, adapters off
     reference = weights if with_reference else 0.0
     r_weights, kv, kv_seqs = rollout_gib(
         shape, rollout_tp, rollout_dtype, seq_len, gpu_gib, rollout_utilization, static_sequences

@@ -88,10 +88,13 @@ def plan_layout(
     seq_len: int = 2048,
     gpus_per_node: int = 8,
     dtype: str = "bfloat16",
+    lora_rank: int = 0,
 ) -> Plan | None:
-    """The first layout the rules above accept, or None when the model does not fit on these GPUs."""
+    """The first layout the rules above accept, or None when the model does not fit on these GPUs. ``lora_rank``:
+    LoRA adapters of that rank train on the frozen base, which is also the reference (no gradients, optimizer state
+    or reference weights for the base)."""
     for offload_name, offload in OFFLOAD_LEVELS:
-        opts = MemoryOptions(dtype=dtype, **offload)
+        opts = MemoryOptions(dtype=dtype, lora_rank=lora_rank, **offload)
         for model_parallel in _powers_of_two(gpus):
             for tp, pp in _splits(model_parallel, gpus_per_node):
                 ep = _expert_parallel(shape, gpus, pp, gpus_per_node)

@@ -114,6 +114,29 @@ def check_same_model(path: Path, shape) -> None:
         )
 
 
+def check_same_adapters(path: Path, lora: dict | None) -> None:
+    """CheckpointError when the checkpoint's LoRA adapters (trainer state ``lora``: settings and base model) do not
+    fit this run's ``lora`` (the same record, None without LoRA): adapters only mean something on their base."""
+    saved = read_trainer_state(path).get("lora")
+    if saved == lora:
+        return
+    where = Path(path) / STATE_FILE
+    if saved is None or lora is None:
+        has = "holds the whole model" if saved is None else f"holds LoRA adapters of {saved['base_model']}"
+        wants = "trains all parameters" if lora is None else "trains LoRA adapters"
+        raise CheckpointError(f"{where}: the checkpoint {has}, this run {wants}; set trainer.resume_mode=disable")
+    if saved["base_model"] != lora["base_model"]:
+        raise CheckpointError(
+            f"{where}: its LoRA adapters belong to the base model {saved['base_model']}, not {lora['base_model']} "
+            "(actor_rollout_ref.model.path); resume on that base or set trainer.resume_mode=disable"
+        )
+    changed = ", ".join(f"{k} {saved[k]} there, {lora.get(k)} here" for k in sorted(saved) if saved[k] != lora.get(k))
+    raise CheckpointError(
+        f"{where}: its LoRA adapters were built with other settings ({changed}); resume with the same "
+        "actor_rollout_ref.model.lora settings or set trainer.resume_mode=disable"
+    )
+
+
 def check_same_data(path: Path, data: dict) -> None:
     """CheckpointError when the checkpoint's data position counts batches of another order than ``data``'s (the
     trainer state's ``data``: the training set's digest and that of the rows seen before the run): resuming would

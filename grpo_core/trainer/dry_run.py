@@ -110,9 +110,23 @@ def _memory_table(run: ResolvedRun) -> Table:
     table.add_column("what")
     table.add_column("GiB", justify="right")
     table.add_column("note")
+    lora = cfg.actor_rollout_ref.model.lora.rank
+    frozen = f"frozen base + LoRA rank {lora}" if lora else ""
     rows = [
-        (f"actor weights ({mega.dtype})", m.weights, "offloaded between phases" if "parameters" in off else ""),
-        ("gradients (fp32 main grads)", m.gradients, "offloaded between phases" if "gradients" in off else ""),
+        (
+            f"actor weights ({mega.dtype})",
+            m.weights,
+            "; ".join(filter(None, [frozen, "offloaded between phases" if "parameters" in off else ""])),
+        ),
+        (
+            "gradients (fp32 main grads)",
+            m.gradients,
+            "; ".join(
+                filter(
+                    None, ["adapters only" if lora else "", "offloaded between phases" if "gradients" in off else ""]
+                )
+            ),
+        ),
         (
             "optimizer on the GPU (fp32 master + Adam)",
             m.optimizer,
@@ -128,7 +142,11 @@ def _memory_table(run: ResolvedRun) -> Table:
             "recomputed" if run.config.actor_rollout_ref.model.enable_gradient_checkpointing else "",
         ),
         ("logits + log-softmax", m.logits, "vocab-parallel"),
-        ("reference model", m.reference, "offloaded between uses" if "reference" in off else ""),
+        (
+            "reference model",
+            m.reference,
+            "the actor's base, adapters off" if lora else "offloaded between uses" if "reference" in off else "",
+        ),
         (f"rollout weights (TP={rollout.tensor_model_parallel_size})", m.rollout, rollout.name),
         ("rollout KV-cache budget", m.kv_cache, f"~{m.kv_sequences:.0f} full sequences at once"),
     ]

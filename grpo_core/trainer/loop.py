@@ -97,7 +97,7 @@ class TrainingSetup:
     shape: ModelShape
     rank: int
     actor: MegatronActor
-    ref: MegatronActor | None  # frozen initial policy, for a KL loss or a KL penalty in the reward
+    ref: MegatronActor | None  # frozen initial policy, for a KL loss or a KL penalty in the reward (not with LoRA)
     engine: object | None  # this rank's rollout engine (None: this rank only joins the gathers and syncs)
     tokenizer: object
     sampler: PromptSampler
@@ -192,7 +192,9 @@ def set_up(cfg: GRPOConfig, shape: ModelShape) -> TrainingSetup:
 
     settings = ActorSettings.from_config(cfg, layout, arr.actor.optim.total_training_steps or optimizer_steps)
     actor = MegatronActor(shape, settings, hf_path=str(model_dir))
-    ref = MegatronActor(shape, settings, hf_path=str(model_dir), trainable=False) if _needs_ref(cfg) else None
+    # with LoRA the reference is the actor with its adapters off: no second model
+    needs_model = _needs_ref(cfg) and not settings.lora.enabled
+    ref = MegatronActor(shape, settings, hf_path=str(model_dir), trainable=False) if needs_model else None
     rollout_tp = arr.rollout.tensor_model_parallel_size
     on_rank = rank % rollout_tp == 0 or _engine_is_the_actor(cfg)
     engine = build_engine(cfg, shape, str(model_dir), tokenizer, actor) if on_rank else None
@@ -208,6 +210,8 @@ def set_up(cfg: GRPOConfig, shape: ModelShape) -> TrainingSetup:
         # what the data position counts in: the training set, and the rows its start model had seen
         "data": {**position_data(d.train_files, model_dir), "rows": len(train_prompts)},
     }
+    if settings.lora.enabled:  # a LoRA checkpoint holds adapters: it names the base they belong to
+        trainer_state["lora"] = {**settings.lora.record(), "base_model": model_cfg.path}
     save_contents, load_contents = contents_setting(arr.actor.checkpoint)
     return TrainingSetup(
         cfg=cfg,
@@ -418,6 +422,9 @@ def old_and_ref_log_probs(
             batch.ref_log_probs, _ = setup.ref.compute_log_prob(batch, **log_prob_batching(arr.ref))
             if arr.ref.megatron.param_offload:
                 setup.ref.offload_to_host(params=True)
+    elif _needs_ref(setup.cfg):  # LoRA: the reference is the base model, the actor with its adapters off
+        with timed(timings, "ref", diag):
+            batch.ref_log_probs, _ = setup.actor.compute_log_prob(batch, **log_prob_batching(arr.ref), base=True)
     return reused, later
 
 

@@ -25,6 +25,7 @@ from grpo_core.actor.actor import ActorSettings, MegatronActor
 from grpo_core.actor.loss import LossSettings
 from grpo_core.actor.parallel import init_distributed, init_model_parallel
 from grpo_core.models.bridge import gather_hf_weights
+from grpo_core.models.lora import LoRASettings
 from grpo_core.models.shape import ModelShape, load_model_shape
 from grpo_core.planning.layout import ParallelLayout
 from grpo_core.rollout import Generation, to_rollout_batch
@@ -64,8 +65,11 @@ def prompt_ids(hf_dir: str | Path) -> list[list[int]]:
     return [tokenizer.encode(text) for text in PROMPTS]
 
 
-def trained_actor(hf_dir: str | Path, tp: int) -> tuple[MegatronActor, ModelShape, dict]:
-    """The actor on all ranks (TP = tp), after one GRPO update with advantages +-1 (lr 1e-3)."""
+def trained_actor(
+    hf_dir: str | Path, tp: int, lora: LoRASettings = LoRASettings()
+) -> tuple[MegatronActor, ModelShape, dict]:
+    """The actor on all ranks (TP = tp), after one GRPO update with advantages +-1 (lr 1e-3); with ``lora``, of
+    its adapters (B initialised non-zero, so they act from the start)."""
     shape = load_model_shape(str(hf_dir))
     layout = ParallelLayout(world_size=dist.get_world_size(), tp=tp, pp=1)
     init_model_parallel(layout, seed=7)
@@ -75,6 +79,7 @@ def trained_actor(hf_dir: str | Path, tp: int) -> tuple[MegatronActor, ModelShap
         mini_batch_rows=8,
         micro_batch_rows=4,
         loss=LossSettings(use_kl_loss=False),
+        lora=lora,
     )
     actor = MegatronActor(shape, settings, hf_path=str(hf_dir))
     batch = synthetic_batch(shape.vocab_size)
@@ -138,6 +143,7 @@ def main() -> None:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--megatron-engine", action="store_true")
+    parser.add_argument("--lora", action="store_true", help="also sync a LoRA actor (merged weights)")
     args = parser.parse_args()
     init_distributed()
     hf_dir = Path(args.workdir) / "tiny_llama"
@@ -158,6 +164,13 @@ def main() -> None:
     mine = {"before": before, "after": after, "sync_seconds": seconds, "still_tied": tied}
     if args.megatron_engine:
         mine.update(megatron_engine_check(actor, engine, prompts))
+    if args.lora:  # the engine gets W + alpha/rank B A: its log-probs are the LoRA actor's
+        lora = LoRASettings(rank=4, alpha=8.0, b_init="kaiming", seed=5)
+        actor, shape, _ = trained_actor(hf_dir, tp=dist.get_world_size(), lora=lora)
+        expected = actor_log_probs(actor, prompts, PROBE_RESPONSES)
+        mine["lora_before"] = max_diff(hf_log_probs(engine.model, prompts, PROBE_RESPONSES), expected)
+        push(actor, shape, engine)
+        mine["lora_after"] = max_diff(hf_log_probs(engine.model, prompts, PROBE_RESPONSES), expected)
     ranks: list = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
     if dist.get_rank() == 0:
