@@ -92,11 +92,11 @@ INVALID = [
     (["tracking.champion_alpha=0"], "tracking.champion_alpha=0.0 must be in (0, 1]"),
     (
         ["algorithm.adv_estimator=grpoo"],
-        "algorithm.adv_estimator='grpoo' is not valid; valid: ['grpo', 'rloo', 'reinforce_plus_plus']",
+        "algorithm.adv_estimator='grpoo' is not valid; valid: ['grpo', 'rloo', 'reinforce_plus_plus', ",
     ),
     (
         ["actor_rollout_ref.actor.policy_loss.loss_mode=gsop"],
-        "actor_rollout_ref.actor.policy_loss.loss_mode='gsop' is not valid; valid: ['vanilla', 'gspo']",
+        "actor_rollout_ref.actor.policy_loss.loss_mode='gsop' is not valid; valid: ['vanilla', 'gspo', 'sapo'",
     ),
     (
         ["algorithm.rollout_correction.rollout_is=geo"],
@@ -104,7 +104,7 @@ INVALID = [
     ),
     (
         ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=0"],
-        "algorithm.rollout_correction.rollout_is_threshold=0.0 must be > 0",
+        "algorithm.rollout_correction.rollout_is_threshold=0 must be > 0",
     ),
     (["algorithm.gamma=1.5"], "algorithm.gamma=1.5 must be in [0, 1]"),
     (["actor_rollout_ref.actor.kl_loss_type=low_var"], "kl_loss_type='low_var' is not valid; valid: ["),
