@@ -617,6 +617,8 @@ def compute_policy_loss_bypass_mode(
     mask = response_mask
     metrics: dict[str, torch.Tensor] = {}
     if rollout_rs is not None:
+        if denominator is None:  # rejected tokens count as zeros of the call's normaliser, as in the actor (verl's)
+            denominator = agg_denominator(response_mask, loss_agg_mode).clamp(min=1)
         mask, rs = rollout_rejection_mask(current, old_log_prob, response_mask, rollout_rs, rollout_rs_threshold)
         metrics["rollout_rs_masked_fraction"] = torch.tensor(rs["rollout_rs_masked_fraction"], dtype=log_prob.dtype)
     if loss_type == "ppo_clip":
