@@ -78,6 +78,10 @@ ROLLOUT_CORRECTION_KEYS = (
 """LossSettings fields read from actor.policy_loss and from algorithm.rollout_correction (the others: actor)."""
 
 
+PG_METRICS = ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower")
+"""The policy-loss metrics every micro-batch reports (the actor sums one fixed vector of them over micro-batches)."""
+
+
 @cache
 def _parameters(loss_mode: str) -> frozenset[str]:
     return frozenset(inspect.signature(get_policy_loss(loss_mode)).parameters)
@@ -135,6 +139,7 @@ def grpo_loss(
             total = total - s.entropy_coeff * ent
         metrics["actor/entropy"] = ent.detach()
     denominator = agg_denominator(mask, mode)
-    for name, value in pg_metrics.items():  # masked means: weight them so they average correctly
-        metrics[f"actor/{name}"] = value * denominator
+    for name in PG_METRICS:  # masked means: weight them so they average correctly
+        value = pg_metrics.get(name)  # a loss without a clip (gpg, dro, kl_cov, ...) reports 0 clipped
+        metrics[f"actor/{name}"] = denominator * (0.0 if value is None else value)
     return total, denominator, metrics
