@@ -262,3 +262,29 @@ def test_a_verl_style_yaml_with_its_sentinels(tmp_path):
     )
     assert cfg.data.seed == 1 and cfg.actor_rollout_ref.actor.optim.adam_beta2 == 0.999
     assert len(notes) == 8 and all(": no effect here" in n for n in notes), notes
+
+
+RECIPES = json.loads((REPO / "tests" / "verl_recipe_lines.json").read_text())
+"""verl's command lines for its other critic-free algorithms (issue 43): its Megatron example scripts of GSPO and DPPO
+(examples/{gspo,dppo}_trainer/run_qwen3_30b_a3b_megatron.sh) expanded as verl runs them, and on the GSPO line the
+algorithm keys of its other examples (GPG's Megatron script, whose Qwen3-8B is not in the offline model table; the
+FSDP-only CISPO, GMPO, GDPO and rollout-correction ones) and of its other losses and estimators; "from" says which."""
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_verl_recipe_lines_of_the_grpo_family_dry_run(name, capsys):
+    code = main(["train", *RECIPES[name]["args"], "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "dry run OK" in out, err
+    assert "Traceback" not in out + err
+
+
+def test_the_recipes_cover_every_loss_and_estimator():
+    from grpo_core.algos import ADV_ESTIMATORS, POLICY_LOSSES
+
+    values = {a for recipe in RECIPES.values() for a in recipe["args"]}
+    losses = {v.split("=", 1)[1] for v in values if v.startswith("actor_rollout_ref.actor.policy_loss.loss_mode=")}
+    estimators = {v.split("=", 1)[1] for v in values if v.startswith("algorithm.adv_estimator=")}
+    assert losses | {"bypass_mode"} == set(POLICY_LOSSES)  # bypass_mode: by rollout_correction.bypass_mode=true
+    assert "algorithm.rollout_correction.bypass_mode=true" in values
+    assert estimators | {"reinforce_plus_plus"} == set(ADV_ESTIMATORS)

@@ -141,6 +141,12 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
     *_ignored(
         "verl's choice of worker implementation: there are no Ray workers here", "trainer.use_legacy_worker_impl"
     ),
+    *_refused(
+        "verl's other training engines (model_engine: the actor trains on megatron-core; model_engine=megatron is "
+        "what runs here)",
+        "model_engine",
+        off=("megatron",),
+    ),
     *_refused("validation-only runs (use `grpo evaluate` on the model)", "trainer.val_only", off=(False,)),
     *_ignored(
         FSDP,
