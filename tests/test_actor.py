@@ -135,14 +135,17 @@ def sweeps(layouts, actor_out):
 SWEEP_METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm")
 
 
-SWEEP_CASES = (*LOSS_AGG_MODES, "gspo", "is-token", "is-sequence")  # tests.dist.actor_worker.SWEEP_CASES
+SWEEP_CASES = (  # tests.dist.actor_worker.SWEEP_CASES
+    *LOSS_AGG_MODES, "gspo", "is-token", "is-sequence", "sapo", "cispo", "geo_mean", "dppo_tv"
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", SWEEP_CASES)
 def test_the_update_does_not_depend_on_micro_batching_or_dp(sweeps, mode):
     """Issue 15: one update at micro-batches of 2, 4 and 8 rows or their token budgets, at DP1 and DP2, gives one
     loss and grad norm in every aggregation mode (fp32: to 1e-5). Issue 16: so do GSPO (one ratio per sequence:
-    every row whole in one micro-batch) and rollout importance sampling by token and by sequence."""
+    every row whole in one micro-batch) and rollout importance sampling by token and by sequence. Issue 43: so do
+    SAPO, CISPO, GMPO (geo_mean) and DPPO-TV."""
     from tests.dist.actor_worker import sweep_micro_batching
 
     names = [name for name, _, _ in sweep_micro_batching()]

@@ -92,11 +92,11 @@ INVALID = [
     (["tracking.champion_alpha=0"], "tracking.champion_alpha=0.0 must be in (0, 1]"),
     (
         ["algorithm.adv_estimator=grpoo"],
-        "algorithm.adv_estimator='grpoo' is not valid; valid: ['grpo', 'rloo', 'reinforce_plus_plus']",
+        "algorithm.adv_estimator='grpoo' is not valid; valid: ['grpo', 'rloo', 'reinforce_plus_plus', ",
     ),
     (
         ["actor_rollout_ref.actor.policy_loss.loss_mode=gsop"],
-        "actor_rollout_ref.actor.policy_loss.loss_mode='gsop' is not valid; valid: ['vanilla', 'gspo']",
+        "actor_rollout_ref.actor.policy_loss.loss_mode='gsop' is not valid; valid: ['vanilla', 'gspo', 'sapo'",
     ),
     (
         ["algorithm.rollout_correction.rollout_is=geo"],
@@ -104,9 +104,37 @@ INVALID = [
     ),
     (
         ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=0"],
-        "algorithm.rollout_correction.rollout_is_threshold=0.0 must be > 0",
+        "algorithm.rollout_correction.rollout_is_threshold=0 must be > 0",
     ),
     (["algorithm.gamma=1.5"], "algorithm.gamma=1.5 must be in [0, 1]"),
+    (  # issue 43: the losses' and rollout correction's own settings
+        ["actor_rollout_ref.actor.policy_loss.loss_mode=dro"],
+        "actor_rollout_ref.actor.policy_loss.dro_beta=None: loss_mode=dro needs a beta > 0",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_rs=seq_mean_k3"],
+        "algorithm.rollout_correction.rollout_rs needs rollout_rs_threshold",
+    ),
+    (
+        [
+            "algorithm.rollout_correction.rollout_rs=token_k2",
+            "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0",
+        ],
+        "algorithm.rollout_correction.rollout_rs_threshold '0.5_2.0' for token_k2: one upper bound > 0",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_is_threshold=2.0_0.5"],
+        "algorithm.rollout_correction.rollout_is_threshold='2.0_0.5' must be > 0 (or 'lower_upper' with 0 < lower",
+    ),
+    (
+        ["algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"],
+        "bypass_mode=true replaces policy_loss.loss_mode with bypass_mode",
+    ),
+    (
+        ["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"],
+        "set algorithm.rollout_correction.bypass_mode=true instead",
+    ),
+    (["algorithm.rollout_correction.loss_type=pg"], "algorithm.rollout_correction.loss_type='pg' is not valid"),
     (["actor_rollout_ref.actor.kl_loss_type=low_var"], "kl_loss_type='low_var' is not valid; valid: ["),
     (["actor_rollout_ref.actor.loss_agg_mode=mean"], "loss_agg_mode='mean' is not valid"),
     (

@@ -107,6 +107,18 @@ LEARNERS = {  # issue 16: each estimator / loss mode learns the task with GRPO's
         "reward_model.reward_kwargs.overlong_buffer_cfg.len=2",
         "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
     ],
+    # issue 43: a loss of verl's beyond PPO's clip (SAPO's soft gates) with the whole-batch rollout correction of
+    # the trainer (IcePop window, normalised sequence weights, rejection by token ratio and sequence k3): the engine
+    # samples from the actor's weights, so nothing is rejected and the weights are ~1, but every part runs
+    "sapo_rollout_correction": [
+        "actor_rollout_ref.actor.policy_loss.loss_mode=sapo",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        "algorithm.rollout_correction.rollout_is=sequence",
+        "algorithm.rollout_correction.rollout_is_threshold=0.5_2.0",
+        "algorithm.rollout_correction.rollout_is_batch_normalize=true",
+        "algorithm.rollout_correction.rollout_rs=token_k1,seq_max_k3",
+        "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0,0.5",
+    ],
 }
 LEARN_STEPS = {"grpo": 25}  # the others: 12 (measured over 25 steps, each is above 0.95 from step 5 on)
 
@@ -141,6 +153,9 @@ def test_each_mode_learns_the_capitals_task(mode, tmp_path, capitals, learner_mo
     assert rows[0]["batch/groups_with_signal"] > 0  # the capitals reward is graded: groups differ
     # The engine samples from the weights the actor has just trained: its log-probs are the actor's.
     assert max(m["rollout/log_prob_diff_max"] for m in rows) < 1e-3
+    if mode == "sapo_rollout_correction":
+        assert all(m["rollout_corr/rollout_rs_masked_fraction"] == 0 for m in rows)
+        assert all(abs(m["rollout_corr/rollout_is_mean"] - 1) < 1e-3 for m in rows)
     if mode == "dapo":
         assert all(m["reward/overlong_penalty_mean"] == -0.5 for m in rows)
         assert max(m["batch/gen_batches"] for m in rows) > 1  # all-wrong groups were dropped and redrawn

@@ -503,6 +503,7 @@ class MegatronActor:
                     rows.ref_log_probs,
                     self.s.loss,
                     rows.rollout_log_probs,
+                    rows.rollout_is_weights,
                 )
                 metrics["denominator"] = denom
                 if on_policy:

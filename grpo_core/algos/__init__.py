@@ -18,6 +18,7 @@ from grpo_core.algos.dynamic_sampling import (
 )
 from grpo_core.algos.kl import KL_PENALTY_TYPES, kl_penalty
 from grpo_core.algos.policy_loss import (
+    BYPASS_LOSS_TYPES,
     LOSS_AGG_MODES,
     POLICY_LOSSES,
     agg_denominator,
@@ -27,7 +28,16 @@ from grpo_core.algos.policy_loss import (
     get_policy_loss,
     register_policy_loss,
 )
-from grpo_core.algos.rollout_correction import ROLLOUT_IS_LEVELS, rollout_is_metrics, rollout_is_weights
+from grpo_core.algos.rollout_correction import (
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_RS_OPTIONS,
+    parse_is_threshold,
+    parse_rs,
+    rollout_corr_metrics,
+    rollout_is_metrics,
+    rollout_is_weights,
+    rollout_rejection_mask,
+)
 from grpo_core.algos.shaping import overlong_penalty
 
 __all__ = [
@@ -37,6 +47,8 @@ __all__ = [
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
     "ROLLOUT_IS_LEVELS",
+    "ROLLOUT_RS_OPTIONS",
+    "BYPASS_LOSS_TYPES",
     "agg_denominator",
     "agg_loss",
     "compute_grpo_outcome_advantage",
@@ -51,6 +63,10 @@ __all__ = [
     "groups_with_spread",
     "kl_penalty",
     "overlong_penalty",
+    "parse_is_threshold",
+    "parse_rs",
+    "rollout_corr_metrics",
+    "rollout_rejection_mask",
     "register_adv_estimator",
     "register_policy_loss",
     "rollout_is_metrics",

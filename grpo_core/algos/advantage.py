@@ -138,3 +138,161 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -
     mean = (values * mask).sum() / count.clamp(min=1)
     var = ((values - mean).square() * mask).sum() / (count - 1).clamp(min=1)
     return (values - mean) * torch.rsqrt(var + eps)
+
+
+# ---- the rest of verl's critic-free estimators --------------------------------------------------------------------
+
+
+@register_adv_estimator("grpo_vectorized")
+@torch.no_grad()
+def compute_grpo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence | np.ndarray | torch.Tensor,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    **_options,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's name for GRPO computed with group tensors instead of a loop; ``grpo`` here is already vectorised,
+    and for groups of two or more both give the same advantages. A singleton group: its score (std of one sample
+    taken as 1, mean 0), as ``grpo``."""
+    return compute_grpo_outcome_advantage(
+        token_level_rewards, response_mask, index, epsilon=epsilon, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo
+    )
+
+
+@register_adv_estimator("rloo_vectorized")
+@torch.no_grad()
+def compute_rloo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence | np.ndarray | torch.Tensor,
+    **_options,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO as verl's vectorised version computes it: equal to ``rloo`` for groups of two or more; a singleton
+    group, which has no other response to compare with, gets advantage 0 (``rloo`` keeps its score)."""
+    scores = token_level_rewards.sum(dim=-1)
+    group, counts, _ = _group_means(scores, index)
+    advantages, _ = compute_rloo_outcome_advantage(token_level_rewards, response_mask, index)
+    advantages = torch.where((counts[group] > 1).unsqueeze(-1), advantages, torch.zeros_like(advantages))
+    return advantages, advantages.clone()
+
+
+@register_adv_estimator("reinforce_plus_plus_baseline")
+@torch.no_grad()
+def compute_reinforce_plus_plus_baseline_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence | np.ndarray | torch.Tensor,
+    **_options,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++-baseline (Hu 2025, arXiv 2501.03262): each response's score minus its group's mean (0 for a
+    group of one), put on every token, then whitened over the valid tokens of the whole batch (the global
+    normalisation of REINFORCE++). Returns (advantages, returns), equal, zero off the mask."""
+    scores = token_level_rewards.sum(dim=-1)
+    group, counts, mean = _group_means(scores, index)
+    centred = scores - torch.where(counts > 1, mean, torch.zeros_like(mean))[group]
+    mask = response_mask.to(scores.dtype)
+    advantages = masked_whiten(centred.unsqueeze(-1) * mask, mask) * mask
+    return advantages, advantages.clone()
+
+
+@register_adv_estimator("grpo_passk")
+@torch.no_grad()
+def compute_grpo_passk_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence | np.ndarray | torch.Tensor,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    **_options,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass@k training (arXiv 2503.19595): only the best response of each group learns, with advantage
+    (best score - second best), divided by the group's (unbiased) std + epsilon with norm_adv_by_std_in_grpo;
+    every other response gets 0. Ties for best go to the first seen. Each group needs at least two responses."""
+    scores = token_level_rewards.sum(dim=-1)
+    group = _group_indices(index, scores.device)
+    advantages = torch.zeros_like(scores)
+    for g in range(int(group.max()) + 1 if group.numel() else 0):
+        rows = torch.nonzero(group == g).squeeze(-1)
+        if len(rows) < 2:
+            raise ValueError(f"grpo_passk needs at least 2 responses per prompt; a group has {len(rows)}")
+        top, at = torch.topk(scores[rows], 2)
+        gap = top[0] - top[1]
+        advantages[rows[at[0]]] = gap / (scores[rows].std() + epsilon) if norm_adv_by_std_in_grpo else gap
+    advantages = advantages.unsqueeze(-1) * response_mask
+    return advantages, advantages.clone()
+
+
+@register_adv_estimator("opo")
+@torch.no_grad()
+def compute_opo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence | np.ndarray | torch.Tensor,
+    **_options,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPO (On-Policy RL with Optimal reward baseline, arXiv 2505.23585): the baseline is the length-weighted mean
+    of the group's scores, b = sum(l_i r_i) / sum(l_i) with l_i a response's token count, which minimises the
+    variance of the sequence-summed gradient; 0 for a group of one. Advantage: score - b, on every token."""
+    scores = token_level_rewards.sum(dim=-1)
+    lengths = response_mask.sum(dim=-1).to(scores.dtype)
+    group, counts, _ = _group_means(scores, index)
+    zeros = torch.zeros_like(counts)
+    weighted = zeros.clone().index_add_(0, group, lengths * scores)
+    total = zeros.clone().index_add_(0, group, lengths)
+    baseline = torch.where(counts > 1, weighted / total.clamp(min=1), zeros)
+    advantages = (scores - baseline[group]).unsqueeze(-1) * response_mask
+    return advantages, advantages.clone()
+
+
+@register_adv_estimator("gpg")
+@torch.no_grad()
+def compute_gpg_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence | np.ndarray | torch.Tensor,
+    f_norm: float = 1.0,
+    **_options,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG (arXiv 2504.02546), as verl computes it: alpha (score - group mean) / f_norm, with no std division;
+    alpha = batch size / number of responses with a non-zero score (at least 1), which scales the gradient up
+    when few responses score, as the paper's B / (B - M) does for groups without signal. A group of one: mean 0."""
+    scores = token_level_rewards.sum(dim=-1)
+    group, counts, mean = _group_means(scores, index)
+    alpha = scores.numel() / torch.count_nonzero(scores).clamp(min=1)
+    centred = scores - torch.where(counts > 1, mean, torch.zeros_like(mean))[group]
+    advantages = (alpha * centred / f_norm).unsqueeze(-1) * response_mask
+    return advantages, advantages.clone()
+
+
+@register_adv_estimator("gdpo")
+@torch.no_grad()
+def compute_gdpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence | np.ndarray | torch.Tensor,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    reward_components: Sequence[torch.Tensor] | None = None,
+    reward_weights: Sequence[float] | None = None,
+    **_options,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO (arXiv 2601.05242): each reward component normalised within its group on its own (GRPO per
+    component), the results summed with ``reward_weights`` (default 1 each), then whitened over the batch's valid
+    tokens, so a component with a large scale cannot drown the others. ``reward_components``: token-level
+    rewards per component, each [batch, response_len]; without them the one reward is the only component
+    (verl's fallback: GRPO then batch whitening)."""
+    components = list(reward_components) if reward_components is not None else [token_level_rewards]
+    weights = list(reward_weights) if reward_weights is not None else [1.0] * len(components)
+    if len(weights) != len(components):
+        raise ValueError(f"gdpo: {len(weights)} reward weights for {len(components)} reward components")
+    total = torch.zeros_like(token_level_rewards)
+    for weight, rewards in zip(weights, components, strict=True):
+        normalised, _ = compute_grpo_outcome_advantage(
+            rewards, response_mask, index, epsilon=epsilon, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo
+        )
+        total = total + weight * normalised
+    mask = response_mask.to(total.dtype)
+    advantages = masked_whiten(total, mask) * mask
+    return advantages, advantages.clone()

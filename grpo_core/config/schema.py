@@ -146,9 +146,16 @@ class RefMegatronConfig:
 class PolicyLossConfig:
     loss_mode: str = setting(
         "vanilla",
-        "policy-gradient loss: vanilla (PPO's clipped token ratio with dual clip) or gspo (one clipped ratio per "
-        "sequence, the geometric mean of its tokens'; pair it with loss_agg_mode=seq-mean-token-mean)",
+        "policy-gradient loss, verl's names: vanilla (PPO's clipped token ratio with dual clip), gspo (one clipped "
+        "ratio per sequence), sapo (soft gates), cispo (clipped, detached IS weight), geo_mean (GMPO), gpg, "
+        "clip_cov, kl_cov, dppo_tv, dppo_kl, dro, bypass_mode (set by rollout_correction.bypass_mode)",
     )
+    clip_cov_ratio: float = setting(0.0002, "clip_cov: share of valid tokens whose gradient is cut")
+    clip_cov_lb: float = setting(1.0, "clip_cov: lower bound of the covariance of a token that may be cut")
+    clip_cov_ub: float = setting(5.0, "clip_cov: upper bound of the covariance of a token that may be cut")
+    kl_cov_ratio: float = setting(0.0002, "kl_cov: share of valid tokens (the largest covariances) KL-penalised")
+    ppo_kl_coef: float = setting(0.1, "kl_cov: coefficient of the |log ratio| penalty")
+    dro_beta: float | None = setting(None, "dro: coefficient of the quadratic log-ratio penalty (required, > 0)")
 
 
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
@@ -181,7 +188,9 @@ class ActorConfig:
     clip_ratio: float = setting(0.2, "PPO clip range epsilon")
     clip_ratio_low: float | None = setting(None, "lower clip epsilon (null: clip_ratio)")
     clip_ratio_high: float | None = setting(None, "upper clip epsilon, 'clip-higher' (null: clip_ratio)")
-    clip_ratio_c: float = setting(3.0, "dual-clip bound for negative advantages (> 1)")
+    clip_ratio_c: float = setting(3.0, "dual-clip bound for negative advantages (> 1); dppo_*: ratio truncation")
+    tau_pos: float = setting(1.0, "sapo: gate temperature for tokens with a positive advantage")
+    tau_neg: float = setting(1.05, "sapo: gate temperature for the others (> tau_pos: faster fade)")
     loss_agg_mode: str = setting("token-mean", "how token losses become one number")
     loss_scale_factor: float | None = setting(
         None, "seq-mean-token-sum-norm (Dr.GRPO): divides each response's token sum (null: max_response_length)"
@@ -282,7 +291,31 @@ class RolloutCorrectionConfig:
         "truncated importance sampling against the rollout engine's log-probs: token, sequence or null (off); "
         "each token's policy loss is weighted by min(pi_old / pi_rollout, rollout_is_threshold)",
     )
-    rollout_is_threshold: float = setting(2.0, "upper bound of the rollout importance weights")
+    rollout_is_threshold: Any = setting(
+        2.0,
+        "a number: the upper bound the weights are truncated at (TIS); 'lower_upper' (e.g. '0.5_5.0'): weights "
+        "outside [lower, upper] are 0 (IcePop)",
+    )
+    rollout_is_batch_normalize: bool = setting(
+        False, "divide the step's importance weights by their mean (per token, or per sequence), so they average 1"
+    )
+    rollout_rs: str | None = setting(
+        None,
+        "rejection sampling: comma-separated token_k1..3, seq_sum_k1..3, seq_mean_k1..3, seq_max_k2/k3 (k1 = -log "
+        "ratio, k2 = log ratio^2 / 2, k3 = ratio - 1 - log ratio, of pi_old / pi_rollout); rejected tokens (a seq_* "
+        "option: the whole response) leave the loss",
+    )
+    rollout_rs_threshold: Any = setting(
+        None,
+        "rollout_rs's bounds, one for all options or one per option: k1 'lower_upper' (or one upper ratio), "
+        "k2/k3 an upper bound",
+    )
+    bypass_mode: bool = setting(
+        False, "use the engine's log-probs as the old policy's (two policies, not three): policy loss bypass_mode"
+    )
+    loss_type: str = setting(
+        "ppo_clip", "bypass_mode's loss: ppo_clip (PPO's clip of pi / pi_rollout) or reinforce (-w A log pi)"
+    )
 
 
 @dataclass
@@ -302,7 +335,11 @@ class FilterGroupsConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = setting("grpo", "advantage estimator: grpo, rloo or reinforce_plus_plus")
+    adv_estimator: str = setting(
+        "grpo",
+        "advantage estimator, verl's names: grpo, grpo_vectorized, rloo, rloo_vectorized, reinforce_plus_plus, "
+        "reinforce_plus_plus_baseline, gdpo (one reward component), grpo_passk, opo, gpg",
+    )
     norm_adv_by_std_in_grpo: bool = setting(True, "divide by the group's std (false: Dr.GRPO)")
     gamma: float = setting(1.0, "discount of the token-level rewards' returns (reinforce_plus_plus)")
     lam: float = setting(1.0, "GAE lambda: no estimator offered here uses it")

@@ -20,11 +20,14 @@ from pathlib import Path
 
 from grpo_core.algos import (
     ADV_ESTIMATORS,
+    BYPASS_LOSS_TYPES,
     FILTER_METRICS,
     KL_PENALTY_TYPES,
     LOSS_AGG_MODES,
     POLICY_LOSSES,
     ROLLOUT_IS_LEVELS,
+    parse_is_threshold,
+    parse_rs,
 )
 from grpo_core.config.schema import CHECKPOINT_CONTENTS, DTYPE_SECTIONS, LORA_LINEARS, GRPOConfig, iter_settings
 from grpo_core.config.verl_keys import REFUSED_VALUES
@@ -190,6 +193,10 @@ def _check_algorithm(cfg: GRPOConfig, r: Report) -> None:
         )
 
 
+SEQUENCE_LOSSES = {"gspo": "GSPO's objective", "sapo": "SAPO's objective (verl always)", "geo_mean": "GMPO"}
+"""Losses whose objective is a mean over sequences: with another loss_agg_mode they train, but not as published."""
+
+
 def _check_estimator_and_loss(cfg: GRPOConfig, r: Report) -> None:
     """The GRPO family's options: discounting only where an estimator discounts, GSPO with its aggregation,
     rollout importance weights with a positive bound."""
@@ -205,15 +212,60 @@ def _check_estimator_and_loss(cfg: GRPOConfig, r: Report) -> None:
         )
     if not 0 <= algo.gamma <= 1:
         r.errors.append(f"algorithm.gamma={algo.gamma} must be in [0, 1]")
-    mode = actor.loss_agg_mode
-    if actor.policy_loss.loss_mode == "gspo" and mode != "seq-mean-token-mean":
+    mode, loss = actor.loss_agg_mode, actor.policy_loss
+    if loss.loss_mode in SEQUENCE_LOSSES and mode != "seq-mean-token-mean":
         r.warnings.append(
-            f"policy_loss.loss_mode=gspo with loss_agg_mode={mode}: GSPO's objective averages each sequence's "
-            "tokens then the sequences; verl recommends actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"
+            f"policy_loss.loss_mode={loss.loss_mode} with loss_agg_mode={mode}: {SEQUENCE_LOSSES[loss.loss_mode]} "
+            "averages each sequence's tokens then the sequences; set "
+            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"
         )
-    threshold = algo.rollout_correction.rollout_is_threshold
-    if algo.rollout_correction.rollout_is is not None and threshold <= 0:
-        r.errors.append(f"algorithm.rollout_correction.rollout_is_threshold={threshold} must be > 0")
+    prefix = "actor_rollout_ref.actor.policy_loss"
+    if loss.loss_mode == "dro" and (loss.dro_beta is None or loss.dro_beta <= 0):
+        r.errors.append(f"{prefix}.dro_beta={loss.dro_beta}: loss_mode=dro needs a beta > 0 (verl has no default)")
+    for key in ("clip_cov_ratio", "kl_cov_ratio"):
+        if getattr(loss, key) <= 0:
+            r.errors.append(f"{prefix}.{key}={getattr(loss, key)} must be > 0")
+    if loss.clip_cov_lb >= loss.clip_cov_ub:
+        r.errors.append(f"{prefix}.clip_cov_lb={loss.clip_cov_lb} must be < clip_cov_ub={loss.clip_cov_ub}")
+    for key in ("tau_pos", "tau_neg"):
+        if getattr(actor, key) <= 0:
+            r.errors.append(f"actor_rollout_ref.actor.{key}={getattr(actor, key)} must be > 0 (SAPO's temperature)")
+    _check_rollout_correction(cfg, r)
+
+
+def _check_rollout_correction(cfg: GRPOConfig, r: Report) -> None:
+    """verl's threshold syntaxes parse, rejection sampling has thresholds, bypass mode has a known loss type; and
+    the settings that do nothing as given are said to."""
+    rc, prefix = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    try:
+        parse_is_threshold(rc.rollout_is_threshold)
+    except ValueError as e:
+        r.errors.append(f"{prefix}.{e}")
+    if rc.rollout_rs is not None:
+        try:
+            parse_rs(rc.rollout_rs, rc.rollout_rs_threshold)
+        except ValueError as e:
+            r.errors.append(f"{prefix}.{e}")
+    if rc.loss_type not in BYPASS_LOSS_TYPES:
+        r.errors.append(_invalid_choice(f"{prefix}.loss_type", rc.loss_type, BYPASS_LOSS_TYPES))
+    if loss_mode == "bypass_mode" and not rc.bypass_mode:
+        r.errors.append(
+            "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode: set algorithm.rollout_correction.bypass_mode="
+            "true instead (it makes the engine's log-probs the old policy's, which this loss assumes)"
+        )
+    if rc.bypass_mode and loss_mode not in ("vanilla", "bypass_mode"):
+        r.errors.append(
+            f"{prefix}.bypass_mode=true replaces policy_loss.loss_mode with bypass_mode (its loss_type chooses PPO's "
+            f"clip or REINFORCE); loss_mode={loss_mode} would be ignored: leave it vanilla"
+        )
+    if rc.rollout_is_batch_normalize and rc.rollout_is is None:
+        r.notes.append(f"{prefix}.rollout_is_batch_normalize: no effect without rollout_is")
+    if rc.bypass_mode and rc.loss_type == "ppo_clip" and rc.rollout_is is not None:
+        r.notes.append(
+            f"{prefix}.rollout_is={rc.rollout_is} with bypass_mode and loss_type=ppo_clip: no weights are applied "
+            "(PPO's ratio is already pi / pi_rollout; verl does the same)"
+        )
 
 
 def _check_filter_groups(cfg: GRPOConfig, r: Report) -> None:

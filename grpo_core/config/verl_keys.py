@@ -101,14 +101,6 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
     ),
     *_ignored("text models only: there is no vision tower", f"{ARR}.actor.freeze_vision_tower"),
     *_ignored(
-        "used only by policy_loss.loss_mode clip_cov / kl_cov, which are not offered",
-        f"{ARR}.actor.policy_loss.clip_cov_ratio",
-        f"{ARR}.actor.policy_loss.clip_cov_lb",
-        f"{ARR}.actor.policy_loss.clip_cov_ub",
-        f"{ARR}.actor.policy_loss.kl_cov_ratio",
-        f"{ARR}.actor.policy_loss.ppo_kl_coef",
-    ),
-    *_ignored(
         "verl's torch.compile of its FSDP entropy: the megatron actor's kernels are compiled on GPUs regardless "
         "(turn single fusions off with override_transformer_config)",
         f"{ARR}.actor.use_torch_compile",
@@ -148,6 +140,12 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
     *_ignored("FSDP's layered weight summoning for LoRA", f"{ARR}.rollout.layered_summon"),
     *_ignored(
         "verl's choice of worker implementation: there are no Ray workers here", "trainer.use_legacy_worker_impl"
+    ),
+    *_refused(
+        "verl's other training engines (model_engine: the actor trains on megatron-core; model_engine=megatron is "
+        "what runs here)",
+        "model_engine",
+        off=("megatron",),
     ),
     *_refused("validation-only runs (use `grpo evaluate` on the model)", "trainer.val_only", off=(False,)),
     *_ignored(
@@ -324,20 +322,14 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
         "algorithm.kl_ctrl.horizon",
         "algorithm.kl_ctrl.target_kl",
     ),
+    *_refused(
+        "per-component rewards for gdpo (rewards here return one score, gdpo's only component)",
+        "algorithm.gdpo_reward_keys",
+        "algorithm.gdpo_reward_weights",
+        off=(None, []),
+    ),
     *_refused("preference-feedback PPO (use_pf_ppo)", "algorithm.use_pf_ppo", off=(False,)),
     *_ignored("used only with use_pf_ppo", "algorithm.pf_ppo.*"),
-    *_refused(
-        "rollout rejection sampling, bypass mode and batch-normalized weights (rollout_correction)",
-        "algorithm.rollout_correction.rollout_rs",
-        "algorithm.rollout_correction.bypass_mode",
-        "algorithm.rollout_correction.use_policy_gradient",
-        "algorithm.rollout_correction.rollout_is_batch_normalize",
-        off=(None, False),
-    ),
-    *_ignored(
-        "used only with rollout_correction.rollout_rs / bypass_mode, which are not offered",
-        "algorithm.rollout_correction.*",
-    ),
     # ---- reward --------------------------------------------------------------------------------------------
     *_ignored("rewards are computed in the trainer's process", "reward_model.launch_reward_fn_async"),
     *_ignored(
@@ -418,14 +410,10 @@ REFUSED_VALUES: dict[tuple[str, Any], str] = {
     (f"{ARR}.rollout.name", "sglang"): "the SGLang rollout engine",
     (f"{ARR}.rollout.name", "trtllm"): "the TensorRT-LLM rollout engine",
     ("algorithm.adv_estimator", "gae"): "GAE, which needs a critic (value model)",
-    **{
-        ("algorithm.adv_estimator", name): f"the {name} advantage estimator"
-        for name in ("reinforce_plus_plus_baseline", "remax", "opo", "grpo_passk", "gpg")
-    },
-    **{
-        (f"{ARR}.actor.policy_loss.loss_mode", name): f"the {name} policy loss"
-        for name in ("clip_cov", "kl_cov", "gpg", "geo_mean", "cispo")
-    },
+    ("algorithm.adv_estimator", "remax"): (
+        "the remax advantage estimator (its baseline is a greedy response per prompt, which the engines do not "
+        "draw in the sampling call)"
+    ),
     ("algorithm.kl_ctrl.type", "adaptive"): "the adaptive in-reward KL controller",
     ("reward_model.reward_manager", "prime"): "PRIME's reward manager",
     ("reward_model.reward_manager", "batch"): "the batch reward manager",

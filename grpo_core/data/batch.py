@@ -18,6 +18,8 @@ class RolloutBatch:
     ref_log_probs: torch.Tensor | None = None  # [B, R] frozen reference policy, for the KL term
     advantages: torch.Tensor | None = None  # [B, R]
     rollout_log_probs: torch.Tensor | None = None  # [B, R] the engine's log-probs of the sampled tokens (0: padding)
+    # [B, R] rollout importance weights of the whole batch, when the trainer computes them (batch-normalised)
+    rollout_is_weights: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -13,7 +13,7 @@ import gc
 import logging
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -28,6 +28,9 @@ from grpo_core.algos import (
     groups_with_spread,
     kl_penalty,
     overlong_penalty,
+    rollout_corr_metrics,
+    rollout_is_weights,
+    rollout_rejection_mask,
     trainable_groups,
 )
 from grpo_core.config import GRPOConfig, to_flat_dict
@@ -278,8 +281,10 @@ def grpo_step(setup: TrainingSetup, diag: RunDiagnostics, step: int, position: i
     if drawn.groups_with_signal == 0:
         say_once(setup, NO_SIGNAL, step + 1)
     batch.advantages = advantages(scores, batch, rollouts.gen.group_index, cfg)
+    trained, correction_metrics = rollout_correction(batch, cfg)
     with timed(timings, "update", diag):
-        update_metrics, entropy = update_actor(actor, batch, reused, later)
+        update_metrics, entropy = update_actor(actor, trained, reused, later)
+    batch.old_log_probs = trained.old_log_probs  # the update's first forward may have given them
     with timed(timings, "sync", diag):
         sync_and_offload(setup)
     # the whole step's wall time, the host's work between the phases (the batch, rewards, advantages) with it
@@ -295,6 +300,8 @@ def grpo_step(setup: TrainingSetup, diag: RunDiagnostics, step: int, position: i
         **sampling_metrics(drawn, cfg),
         **M.log_prob_metrics(batch, entropy),
         **M.rollout_correction_metrics(batch, rc.rollout_is, rc.rollout_is_threshold),
+        **correction_metrics,
+        **rollout_corr_step_metrics(batch, trained, cfg),
         **update_metrics,
         **M.timing_metrics(timings),
         **gen_parts,
@@ -458,6 +465,45 @@ def advantages(scores: list[float], batch: RolloutBatch, group_index: list[int],
     return estimate
 
 
+def rollout_correction(batch: RolloutBatch, cfg: GRPOConfig) -> tuple[RolloutBatch, dict[str, float]]:
+    """The batch the update trains on, and the rejection metrics (``rollout_corr/rollout_rs_*``). Bypass mode: the
+    engine's log-probs are the old policy's (bypass_mode's loss then weighs and rejects per micro-batch, as verl's
+    does). Decoupled: rejection sampling drops tokens from the loss mask, and batch-normalised weights are computed
+    here over the whole batch (both need every row's old log-probs: ``_on_policy_rows`` is then 0); plain weights
+    are computed per micro-batch by the loss."""
+    rc = cfg.algorithm.rollout_correction
+    if rc.bypass_mode:
+        return replace(batch, old_log_probs=batch.rollout_log_probs), {}
+    if rc.rollout_rs is None and not (rc.rollout_is is not None and rc.rollout_is_batch_normalize):
+        return batch, {}
+    old, engine = batch.old_log_probs, batch.rollout_log_probs
+    trained, metrics = batch, {}
+    if rc.rollout_rs is not None:
+        kept, rs_metrics = rollout_rejection_mask(
+            old, engine, batch.response_mask, rc.rollout_rs, rc.rollout_rs_threshold
+        )
+        trained = replace(trained, response_mask=kept)
+        metrics = {f"rollout_corr/{k}": v for k, v in rs_metrics.items()}
+    if rc.rollout_is is not None and rc.rollout_is_batch_normalize:
+        mask = trained.response_mask
+        weights = rollout_is_weights(old, engine, mask, rc.rollout_is, rc.rollout_is_threshold, batch_normalize=True)
+        trained = replace(trained, rollout_is_weights=weights)
+    return trained, metrics
+
+
+def rollout_corr_step_metrics(batch: RolloutBatch, trained: RolloutBatch, cfg: GRPOConfig) -> dict[str, float]:
+    """verl's ``rollout_corr/*`` of the weights the update used (when rollout_is is on) and of the mismatch between
+    the engine and the old policy, over the tokens the update trained on; none in bypass mode (old is the engine)."""
+    rc = cfg.algorithm.rollout_correction
+    if rc.bypass_mode or (rc.rollout_is is None and rc.rollout_rs is None) or batch.rollout_log_probs is None:
+        return {}
+    old, engine, mask = batch.old_log_probs, batch.rollout_log_probs, trained.response_mask
+    weights = trained.rollout_is_weights
+    if weights is None and rc.rollout_is is not None:
+        weights = rollout_is_weights(old, engine, mask, rc.rollout_is, rc.rollout_is_threshold)
+    return rollout_corr_metrics(weights, old, engine, mask, rc.rollout_is_threshold)
+
+
 def advantage_options(cfg: GRPOConfig) -> dict:
     """The keyword options every advantage estimator is called with; each takes those it uses."""
     algo = cfg.algorithm
@@ -565,8 +611,9 @@ def _on_policy_rows(cfg: GRPOConfig) -> int:
     """Rows of a step whose old log-probs need no separate pass: the first mini-batch's, whose update starts from
     the policy that sampled them; none when something reads the old log-probs before the update (a KL penalty
     in the reward)."""
-    if cfg.algorithm.use_kl_in_reward:
-        return 0
+    rc = cfg.algorithm.rollout_correction
+    if cfg.algorithm.use_kl_in_reward or rc.rollout_rs is not None or rc.rollout_is_batch_normalize or rc.bypass_mode:
+        return 0  # rollout correction over the whole batch reads them too
     return cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
 
 

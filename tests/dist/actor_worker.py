@@ -36,11 +36,17 @@ SWEEP_VARIANTS = {  # issue 16: the GRPO family's per-sequence and reweighted lo
     "gspo": {"loss_mode": "gspo", "loss_agg_mode": "seq-mean-token-mean", "clip_ratio": 0.08},
     "is-token": {"rollout_is": "token", "rollout_is_threshold": 1.5},
     "is-sequence": {"rollout_is": "sequence", "rollout_is_threshold": 1.5},
+    # issue 43: verl's other losses whose value adds up over rows (soft gates, a detached clipped weight, a
+    # per-sequence geometric mean, a probability trust region), each in the aggregation verl uses with it
+    "sapo": {"loss_mode": "sapo", "loss_agg_mode": "seq-mean-token-mean"},
+    "cispo": {"loss_mode": "cispo", "clip_ratio_low": 10.0, "clip_ratio_high": 0.2},
+    "geo_mean": {"loss_mode": "geo_mean", "loss_agg_mode": "seq-mean-token-mean", "clip_ratio": 0.1},
+    "dppo_tv": {"loss_mode": "dppo_tv", "loss_agg_mode": "seq-mean-token-sum-norm"},
 }
 SWEEP_CASES = (*LOSS_AGG_MODES, *SWEEP_VARIANTS)
 
 
-FAMILY_CASES = (*SWEEP_VARIANTS, "rloo", "reinforce_plus_plus")
+FAMILY_CASES = ("gspo", "is-token", "is-sequence", "rloo", "reinforce_plus_plus")
 FAMILY_SCORES = (1.0, 0.0, 0.5, 0.25, 0.0, 1.0, 1.0, 0.75)  # one outcome reward per row: two groups of four
 
 
