@@ -238,6 +238,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from grpo_core.tracking.registry import fetch_model
 
         server = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+        if problem := missing_local_store(server):
+            raise UserError(problem)
         fetched = fetch_model(model, server)
         err_console.print(f"model: {fetched.describe()}", markup=False, highlight=False, soft_wrap=True)
         model = str(fetched.path)
@@ -272,11 +274,13 @@ def cmd_convert_gguf(args: argparse.Namespace) -> int:
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     """The Prefect flow in this process: Prefect's ephemeral API unless PREFECT_API_URL names a server."""
+    from grpo_core.config.validate import MISSING_DATA
     from grpo_core.preflight import prefect_api_problem
-    from grpo_core.tracking.pipeline_run import uplift_line
     from grpo_core.trainer.dry_run import print_notes_and_warnings, resolve_run
 
     run = resolve_run(args.config, args.overrides)
+    written_here = {MISSING_DATA.format(p) for p in run.config.data.train_files + run.config.data.val_files}
+    run.report.warnings = [w for w in run.report.warnings if w not in written_here]  # the flow prepares them
     if run.report.errors:
         raise ConfigError(run.report.errors, run.report.warnings)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from offline machines
@@ -296,6 +300,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     )
     print_notes_and_warnings(run.report, err_console)
     from flows.grpo_pipeline import grpo_pipeline
+    from grpo_core.tracking.pipeline_run import uplift_line
 
     state = grpo_pipeline(
         config=args.config,
@@ -337,6 +342,23 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def missing_local_store(uri: str) -> str | None:
+    """Why a read-only command finds nothing at a local MLflow store (a SQLite file or a file store that does not
+    exist), else None; MLflow would create an empty one (an ``mlflow.db`` left wherever the command ran)."""
+    if uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///"))
+    elif uri.startswith("file:") or "://" not in uri:
+        path = Path(uri.removeprefix("file://").removeprefix("file:"))
+    else:
+        return None  # a server: it answers for itself
+    if path.exists():
+        return None
+    return (
+        f"no MLflow store at {uri} ({path.absolute()} does not exist): run this where the runs were made, or "
+        "pass --tracking-uri (or set MLFLOW_TRACKING_URI)"
+    )
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     """Runs as columns, facts and differing config keys as rows; --plot overlays their curves."""
     from mlflow.exceptions import MlflowException
@@ -346,6 +368,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if args.plot is not None and args.plot.suffix.lower() != ".png":
         raise UserError(f"--plot writes a PNG: give a file name ending in .png, not {args.plot}")
+    if problem := missing_local_store(args.tracking_uri):
+        raise UserError(problem)
     try:
         comparison = compare_runs(args.tracking_uri, args.experiment, args.runs)
         curves = run_curves(args.tracking_uri, comparison) if args.plot is not None and comparison.runs else []
@@ -429,6 +453,16 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml's), from its metadata: no import of torch or megatron."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("grpo-megatron")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed: run `pip install -e .`)"
+
+
 def _config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML file (configs/*.yaml); defaults apply without one")
     parser.add_argument("--config-path", help="Hydra-style: the directory of --config-name")
@@ -441,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     from grpo_core.tracking.compare import FORMATS
 
     parser = argparse.ArgumentParser(prog="grpo", description="GRPO on megatron-core: prepare, train, evaluate")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train (or check with --dry-run) a configuration")
@@ -526,7 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("runs", nargs="*", metavar="RUN", help="run ids (default: every run of the experiment)")
     compare.add_argument("--experiment", help="experiment name (trainer.project_name); default: all")
     compare.add_argument(
-        "--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"), help="MLflow store"
+        "--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db", help="MLflow store"
     )
     compare.add_argument("--format", choices=FORMATS, default="table", help="table (80 columns when piped), or data")
     compare.add_argument("--plot", type=Path, metavar="FILE.png", help="overlay the runs' reward and accuracy curves")
@@ -555,20 +590,14 @@ def main(argv: list[str] | None = None) -> int:
     # Before anything imports megatron or torch: their known-harmless chatter stays out of the terminal.
     quiet_terminal(marked="TORCHELASTIC_RUN_ID" in os.environ)
 
-    from grpo_core.data.gsm8k import DataError
-    from grpo_core.models.shape import ModelShapeError
-    from grpo_core.numerics import NotFinite
-    from grpo_core.rollout.hf import ModelLoadError
-    from grpo_core.tracking.registry import RegistryError, RegistryUnreachable
-    from grpo_core.trainer.checkpoint import CheckpointError, CheckpointSaveError
-
     parser = build_parser()
     # Overrides may come before or after the flags, as in verl's command lines.
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(argv)  # first: --version and --help answer without torch's import
     if extra and args.command in ("train", "pipeline") and all("=" in x and not x.startswith("-") for x in extra):
         args.overrides += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+
     try:
         if hasattr(args, "config_name"):
             args.config = resolve_config_file(args.config, args.config_path, args.config_name)
@@ -580,15 +609,9 @@ def main(argv: list[str] | None = None) -> int:
             err_console.print(f"warning: {warning}", style="yellow", markup=False, soft_wrap=True)
         err_console.print(f"{len(e.problems)} problem(s) in the configuration; nothing was started")
         return EXIT_INVALID
-    except (UserError, ModelShapeError, DataError, ModelLoadError, CheckpointError, RegistryError) as e:
+    except UserError as e:
         err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_INVALID
-    except NotFinite as e:  # the run diverged: stopped before it trained on, or saved, what is not a number
-        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
-        return EXIT_FAILURE
-    except (CheckpointSaveError, RegistryUnreachable) as e:  # the environment's fault, not the input's
-        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
-        return EXIT_FAILURE
     except ModuleNotFoundError as e:
         from grpo_core.diagnostics.advice import missing_module_line
 
@@ -602,6 +625,34 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return 130
+    except Exception as e:
+        if (status := _exit_status(e)) is None:
+            raise
+        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        return status
+
+
+# (module, exception): printed as one line with this exit status. Looked up in sys.modules, not imported: an
+# exception of a module never imported cannot have been raised, and importing them all (transformers, torch)
+# would cost a command that fails on its input in seconds many more.
+KNOWN_FAILURES = (
+    (EXIT_INVALID, "grpo_core.models.shape", "ModelShapeError"),
+    (EXIT_INVALID, "grpo_core.data.gsm8k", "DataError"),
+    (EXIT_INVALID, "grpo_core.rollout.hf", "ModelLoadError"),
+    (EXIT_INVALID, "grpo_core.trainer.checkpoint", "CheckpointError"),
+    (EXIT_INVALID, "grpo_core.tracking.registry", "RegistryError"),
+    (EXIT_FAILURE, "grpo_core.numerics", "NotFinite"),  # diverged: stopped before it trained on, or saved, NaN
+    (EXIT_FAILURE, "grpo_core.trainer.checkpoint", "CheckpointSaveError"),  # the environment's fault, not the input's
+    (EXIT_FAILURE, "grpo_core.tracking.registry", "RegistryUnreachable"),
+)
+
+
+def _exit_status(e: Exception) -> int | None:
+    """The exit status of a failure the user is told about in one line (KNOWN_FAILURES), else None."""
+    for status, module, name in KNOWN_FAILURES:
+        if (loaded := sys.modules.get(module)) is not None and isinstance(e, getattr(loaded, name)):
+            return status
+    return None
 
 
 if __name__ == "__main__":
