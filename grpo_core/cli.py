@@ -19,7 +19,7 @@ from grpo_core.config import ConfigError, iter_settings
 from grpo_core.config.load import resolve_config_file
 from grpo_core.config.secrets import into_environment
 from grpo_core.launch import run_lock
-from grpo_core.quiet import attach_log, quiet_terminal
+from grpo_core.quiet import attach_log, quiet_mlflow, quiet_terminal
 
 EXIT_INVALID = 2
 EXIT_FAILURE = 1  # also a missing package: the configuration is valid, this environment cannot run it
@@ -79,7 +79,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _launch(run.config, args)
 
     from grpo_core.actor.parallel import shutdown_distributed
+    from grpo_core.tracking.mlflow_run import RUN_ID_VAR
     from grpo_core.trainer.loop import train
+
+    if "mlflow" in run.config.trainer.logger or RUN_ID_VAR in os.environ:
+        quiet_mlflow()  # rank 0 tracks: MLflow's INFO is marked chatter, out of the launcher's echo
 
     train(run.config, run.shape)
     shutdown_distributed()
@@ -108,7 +112,7 @@ def _check_resume_point(run, checkpoint: Path) -> None:
 def _launch(cfg, args: argparse.Namespace) -> int:
     """Start the ranks as ``cfg.launch`` says (torchrun on this node, or a Slurm job) and show their output."""
     from grpo_core.launch import LaunchError, run_training
-    from grpo_core.trainer.checkpoint import CheckpointManager
+    from grpo_core.trainer.checkpoint import CheckpointManager, describe_checkpoint
 
     try:
         log_dir = run_training(cfg, args.config, args.overrides, echo=True)
@@ -120,6 +124,8 @@ def _launch(cfg, args: argparse.Namespace) -> int:
             err_console.print(f"the newest checkpoint is {saved}: the same command resumes from it", soft_wrap=True)
         return 128 + signal.Signals[e.state] if e.kind == "stopped" else 1
     err_console.print(f"training finished; launch logs in {log_dir}", markup=False, highlight=False, soft_wrap=True)
+    if (saved := CheckpointManager.for_run(cfg.trainer).latest()) is not None:  # what it wrote, and how large
+        err_console.print(f"checkpoint: {describe_checkpoint(saved)}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -243,7 +249,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         fetched = fetch_model(model, server)
         err_console.print(f"model: {fetched.describe()}", markup=False, highlight=False, soft_wrap=True)
         model = str(fetched.path)
-    result = evaluate_model(model, args.data, args.output, settings)
+    # a terminal shows the bar; piped or logged, a line per generate call (questions, tokens/s)
+    lines = None if err_console.is_terminal else (lambda now: err_console.print(now.line("model"), markup=False))
+    result = evaluate_model(model, args.data, args.output, settings, on_batch=lines)
     out = Path(args.output)
     cis = intervals(result.metrics)
     for name, value in result.metrics.items():
@@ -299,8 +307,10 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         soft_wrap=True,
     )
     print_notes_and_warnings(run.report, err_console)
+    quiet_mlflow()  # its database set-up lines go to the log
     from flows.grpo_pipeline import grpo_pipeline
     from grpo_core.tracking.pipeline_run import uplift_line
+    from grpo_core.trainer.checkpoint import describe_checkpoint
 
     state = grpo_pipeline(
         config=args.config,
@@ -332,7 +342,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     where = [
         ("MLflow run", summary["mlflow_url"]),
         ("Prefect flow run", f"{summary['prefect_flow_run_id']} (prefect flow-run inspect ID)"),
-        ("checkpoint", summary["checkpoint"]),
+        ("checkpoint", describe_checkpoint(summary["checkpoint"])),  # what the run wrote, and how large
         ("model version", f"{summary['model_version'] or '-'} ({summary['promotion'] or 'not registered'})"),
     ]
     if summary["promotion_reason"]:
