@@ -154,6 +154,9 @@ def test_pipeline_runs_on_the_ephemeral_api_and_a_rerun_is_served_from_its_resul
         assert f"\nset-up: {phase}" in first.stderr, first.stderr[-5000:]
     assert "\nset-up: ready; step 1 of 2 starts" in first.stderr
     for name in ("base", "trained"):
+        assert f"\nevaluate {name}: loading " in first.stderr and " into the static engine, then 4 questions of " in (
+            first.stderr
+        )
         assert re.search(rf"\nevaluate {name}: 4/4 questions, \d+ tokens in [\d.]+ s \(\d+ tokens/s\)\n", terminal)
     assert "\nnode 0: starting grpo_core.trainer.main_ppo on 1 rank(s) of this node (command line and output: " in (
         terminal

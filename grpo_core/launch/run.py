@@ -145,6 +145,7 @@ class LogEcho:
     def __init__(self, find: Callable[[], Path | None], out: TextIO):
         self.find, self.out = find, out
         self.path, self.offset, self.partial = None, 0, ""
+        self.first_line = True
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a read may end inside a character
         self.tracebacks = Tracebacks()
 
@@ -161,6 +162,9 @@ class LogEcho:
         self.offset += len(data)
         lines = (self.partial + self.decoder.decode(data)).split("\n")
         self.partial = lines.pop()
+        if self.first_line and lines:  # the launched command line (torchrun.py): the terminal said it short
+            self.first_line = False
+            lines = lines[1:] if lines[0].startswith("$ ") else lines
         if last and self.partial:
             lines, self.partial = [*lines, self.partial], ""
         if text := "".join(line + "\n" for line in lines if not (is_marked(line) or self.tracebacks.hides(line))):

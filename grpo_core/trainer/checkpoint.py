@@ -274,7 +274,8 @@ class CheckpointManager:
                 f"saving checkpoint {final} failed: {cause} ({_free_space(self.root)}); "
                 f"the partial save was removed, {kept}"
             ) from e
-        logger.info("saved checkpoint %s", describe_checkpoint(final))
+        if _rank() == 0:  # once, not per rank
+            logger.info("saved checkpoint %s", describe_checkpoint(final))
         return final
 
     def _write(self, partial: Path, final: Path, step: int, actor, trainer_state: dict, contents: frozenset) -> None:

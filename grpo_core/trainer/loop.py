@@ -206,7 +206,7 @@ def set_up(cfg: GRPOConfig, shape: ModelShape) -> TrainingSetup:
     on_rank = rank % rollout_tp == 0 or _engine_is_the_actor(cfg)
     status(f"building the {arr.rollout.name} rollout engine")
     engine = build_engine(cfg, shape, str(model_dir), tokenizer, actor) if on_rank else None
-    status(f"ready; step 1 of {total_steps} starts (the first step compiles kernels: it takes longer than the rest)")
+    status(f"ready; step 1 of {total_steps} starts (the first may take longer: it compiles kernels)")
     # rollout.seed decides what is sampled, on every rank alike (rollout TP ranks must draw the same tokens): the
     # static and HF engines draw from torch's default generators, which megatron seeded with actor.megatron.seed;
     # vLLM's and megatron's engines take it as their own. A resumed run then restores the generators it saved.
