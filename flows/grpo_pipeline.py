@@ -19,6 +19,7 @@ from grpo_core.data.lineage import dataset_digest
 from grpo_core.evaluation.gsm8k import METRICS_FILE, read_eval_set
 from grpo_core.evaluation.run import EvalSettings
 from grpo_core.launch import run_lock
+from grpo_core.quiet import LOG_ONLY
 from grpo_core.tracking.mlflow_run import quick_http, tracking_uri
 from grpo_core.tracking.promotion import eval_set_tags, judge_note
 from grpo_core.tracking.registry import RegistryModel, RegistryUnreachable, champion_uri, eval_dir, fetch_model
@@ -126,7 +127,7 @@ def grpo_pipeline(
 
     data_dir = Path(cfg.data.train_files[0]).parent
     data = unless_missing(prepare_gsm8k, *cfg.data.train_files, *cfg.data.val_files)(cfg.data.source, str(data_dir))
-    log.info("data: %s", data["rows"])
+    log.info("data: %s in %s", ", ".join(f"{n} {split} rows" for split, n in data["rows"].items()), data_dir)
     eval_file = evaluation_file(cfg)
 
     start = run.start_model.canonical if run.start_model else cfg.actor_rollout_ref.model.path
@@ -201,6 +202,8 @@ def grpo_pipeline(
     create_markdown_artifact(report, key="grpo-pipeline-report", description="accuracy, uplift and throughput")
     mlflow_run.finish()
     mlflow_run.close()
-    # one line: `grpo pipeline` prints the details itself, and a deployment's run shows the report as an artifact
-    log.info("accuracy %.4f -> %.4f, uplift %s", summary.accuracy_baseline, summary.accuracy, uplift_line(summary))
+    # one line, in the flow's log (a deployment's run shows the report as an artifact); `grpo pipeline` prints it in
+    # its summary, so its terminal does not show it twice
+    accuracy = summary.accuracy_baseline, summary.accuracy, uplift_line(summary)
+    log.info("accuracy %.4f -> %.4f, uplift %s", *accuracy, extra={LOG_ONLY: True})
     return {**asdict(summary), "prefect_flow_run_id": str(flow_run.id), "inputs": changed}

@@ -19,7 +19,7 @@ from grpo_core.config import ConfigError, iter_settings
 from grpo_core.config.load import resolve_config_file
 from grpo_core.config.secrets import into_environment
 from grpo_core.launch import run_lock
-from grpo_core.quiet import attach_log, quiet_terminal
+from grpo_core.quiet import attach_log, quiet_mlflow, quiet_terminal
 
 EXIT_INVALID = 2
 EXIT_FAILURE = 1  # also a missing package: the configuration is valid, this environment cannot run it
@@ -79,7 +79,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _launch(run.config, args)
 
     from grpo_core.actor.parallel import shutdown_distributed
+    from grpo_core.tracking.mlflow_run import RUN_ID_VAR
     from grpo_core.trainer.loop import train
+
+    if "mlflow" in run.config.trainer.logger or RUN_ID_VAR in os.environ:
+        quiet_mlflow()  # rank 0 tracks: MLflow's INFO is marked chatter, out of the launcher's echo
 
     train(run.config, run.shape)
     shutdown_distributed()
@@ -118,7 +122,7 @@ def _check_resume_point(run, checkpoint: Path) -> None:
 def _launch(cfg, args: argparse.Namespace) -> int:
     """Start the ranks as ``cfg.launch`` says (torchrun on this node, or a Slurm job) and show their output."""
     from grpo_core.launch import LaunchError, run_training
-    from grpo_core.trainer.checkpoint import CheckpointManager
+    from grpo_core.trainer.checkpoint import CheckpointManager, describe_checkpoint
 
     try:
         log_dir = run_training(cfg, args.config, args.overrides, echo=True)
@@ -130,6 +134,8 @@ def _launch(cfg, args: argparse.Namespace) -> int:
             err_console.print(f"the newest checkpoint is {saved}: the same command resumes from it", soft_wrap=True)
         return 128 + signal.Signals[e.state] if e.kind == "stopped" else 1
     err_console.print(f"training finished; launch logs in {log_dir}", markup=False, highlight=False, soft_wrap=True)
+    if (saved := CheckpointManager.for_run(cfg.trainer).latest()) is not None:  # what it wrote, and how large
+        err_console.print(f"checkpoint: {describe_checkpoint(saved)}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -253,10 +259,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from grpo_core.tracking.registry import fetch_model
 
         server = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+        if problem := missing_local_store(server):
+            raise UserError(problem)
         fetched = fetch_model(model, server)
         err_console.print(f"model: {fetched.describe()}", markup=False, highlight=False, soft_wrap=True)
         model = str(fetched.path)
-    result = evaluate_model(model, args.data, args.output, settings)
+    # a terminal shows the bar; piped or logged, a line per generate call (questions, tokens/s)
+    lines = None if err_console.is_terminal else (lambda now: err_console.print(now.line("model"), markup=False))
+    result = evaluate_model(model, args.data, args.output, settings, on_batch=lines)
     out = Path(args.output)
     cis = intervals(result.metrics)
     for name, value in result.metrics.items():
@@ -287,11 +297,13 @@ def cmd_convert_gguf(args: argparse.Namespace) -> int:
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     """The Prefect flow in this process: Prefect's ephemeral API unless PREFECT_API_URL names a server."""
+    from grpo_core.config.validate import MISSING_DATA
     from grpo_core.preflight import prefect_api_problem
-    from grpo_core.tracking.pipeline_run import uplift_line
     from grpo_core.trainer.dry_run import print_notes_and_warnings, resolve_run
 
     run = resolve_run(args.config, args.overrides)
+    written_here = {MISSING_DATA.format(p) for p in run.config.data.train_files + run.config.data.val_files}
+    run.report.warnings = [w for w in run.report.warnings if w not in written_here]  # the flow prepares them
     if run.report.errors:
         raise ConfigError(run.report.errors, run.report.warnings)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from offline machines
@@ -310,7 +322,10 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         soft_wrap=True,
     )
     print_notes_and_warnings(run.report, err_console)
+    quiet_mlflow()  # its database set-up lines go to the log
     from flows.grpo_pipeline import grpo_pipeline
+    from grpo_core.tracking.pipeline_run import uplift_line
+    from grpo_core.trainer.checkpoint import describe_checkpoint
 
     state = grpo_pipeline(
         config=args.config,
@@ -342,7 +357,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     where = [
         ("MLflow run", summary["mlflow_url"]),
         ("Prefect flow run", f"{summary['prefect_flow_run_id']} (prefect flow-run inspect ID)"),
-        ("checkpoint", summary["checkpoint"]),
+        ("checkpoint", describe_checkpoint(summary["checkpoint"])),  # what the run wrote, and how large
         ("model version", f"{summary['model_version'] or '-'} ({summary['promotion'] or 'not registered'})"),
     ]
     if summary["promotion_reason"]:
@@ -350,6 +365,23 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     for name, value in where:
         console.print(f"{name}: {value}", markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def missing_local_store(uri: str) -> str | None:
+    """Why a read-only command finds nothing at a local MLflow store (a SQLite file or a file store that does not
+    exist), else None; MLflow would create an empty one (an ``mlflow.db`` left wherever the command ran)."""
+    if uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///"))
+    elif uri.startswith("file:") or "://" not in uri:
+        path = Path(uri.removeprefix("file://").removeprefix("file:"))
+    else:
+        return None  # a server: it answers for itself
+    if path.exists():
+        return None
+    return (
+        f"no MLflow store at {uri} ({path.absolute()} does not exist): run this where the runs were made, or "
+        "pass --tracking-uri (or set MLFLOW_TRACKING_URI)"
+    )
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -361,6 +393,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if args.plot is not None and args.plot.suffix.lower() != ".png":
         raise UserError(f"--plot writes a PNG: give a file name ending in .png, not {args.plot}")
+    if problem := missing_local_store(args.tracking_uri):
+        raise UserError(problem)
     try:
         comparison = compare_runs(args.tracking_uri, args.experiment, args.runs)
         curves = run_curves(args.tracking_uri, comparison) if args.plot is not None and comparison.runs else []
@@ -444,6 +478,16 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml's), from its metadata: no import of torch or megatron."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("grpo-megatron")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed: run `pip install -e .`)"
+
+
 def _config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML file (configs/*.yaml); defaults apply without one")
     parser.add_argument("--config-path", help="Hydra-style: the directory of --config-name")
@@ -456,6 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     from grpo_core.tracking.compare import FORMATS
 
     parser = argparse.ArgumentParser(prog="grpo", description="GRPO on megatron-core: prepare, train, evaluate")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train (or check with --dry-run) a configuration")
@@ -548,7 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("runs", nargs="*", metavar="RUN", help="run ids (default: every run of the experiment)")
     compare.add_argument("--experiment", help="experiment name (trainer.project_name); default: all")
     compare.add_argument(
-        "--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"), help="MLflow store"
+        "--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db", help="MLflow store"
     )
     compare.add_argument("--format", choices=FORMATS, default="table", help="table (80 columns when piped), or data")
     compare.add_argument("--plot", type=Path, metavar="FILE.png", help="overlay the runs' reward and accuracy curves")
@@ -577,20 +622,14 @@ def main(argv: list[str] | None = None) -> int:
     # Before anything imports megatron or torch: their known-harmless chatter stays out of the terminal.
     quiet_terminal(marked="TORCHELASTIC_RUN_ID" in os.environ)
 
-    from grpo_core.data.gsm8k import DataError
-    from grpo_core.models.shape import ModelShapeError
-    from grpo_core.numerics import NotFinite
-    from grpo_core.rollout.hf import ModelLoadError
-    from grpo_core.tracking.registry import RegistryError, RegistryUnreachable
-    from grpo_core.trainer.checkpoint import CheckpointError, CheckpointSaveError
-
     parser = build_parser()
     # Overrides may come before or after the flags, as in verl's command lines.
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(argv)  # first: --version and --help answer without torch's import
     if extra and args.command in ("train", "pipeline") and all("=" in x and not x.startswith("-") for x in extra):
         args.overrides += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+
     try:
         if hasattr(args, "config_name"):
             args.config = resolve_config_file(args.config, args.config_path, args.config_name)
@@ -602,15 +641,9 @@ def main(argv: list[str] | None = None) -> int:
             err_console.print(f"warning: {warning}", style="yellow", markup=False, soft_wrap=True)
         err_console.print(f"{len(e.problems)} problem(s) in the configuration; nothing was started")
         return EXIT_INVALID
-    except (UserError, ModelShapeError, DataError, ModelLoadError, CheckpointError, RegistryError) as e:
+    except UserError as e:
         err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_INVALID
-    except NotFinite as e:  # the run diverged: stopped before it trained on, or saved, what is not a number
-        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
-        return EXIT_FAILURE
-    except (CheckpointSaveError, RegistryUnreachable) as e:  # the environment's fault, not the input's
-        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
-        return EXIT_FAILURE
     except ModuleNotFoundError as e:
         from grpo_core.diagnostics.advice import missing_module_line
 
@@ -624,6 +657,34 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return 130
+    except Exception as e:
+        if (status := _exit_status(e)) is None:
+            raise
+        err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        return status
+
+
+# (module, exception): printed as one line with this exit status. Looked up in sys.modules, not imported: an
+# exception of a module never imported cannot have been raised, and importing them all (transformers, torch)
+# would cost a command that fails on its input in seconds many more.
+KNOWN_FAILURES = (
+    (EXIT_INVALID, "grpo_core.models.shape", "ModelShapeError"),
+    (EXIT_INVALID, "grpo_core.data.gsm8k", "DataError"),
+    (EXIT_INVALID, "grpo_core.rollout.hf", "ModelLoadError"),
+    (EXIT_INVALID, "grpo_core.trainer.checkpoint", "CheckpointError"),
+    (EXIT_INVALID, "grpo_core.tracking.registry", "RegistryError"),
+    (EXIT_FAILURE, "grpo_core.numerics", "NotFinite"),  # diverged: stopped before it trained on, or saved, NaN
+    (EXIT_FAILURE, "grpo_core.trainer.checkpoint", "CheckpointSaveError"),  # the environment's fault, not the input's
+    (EXIT_FAILURE, "grpo_core.tracking.registry", "RegistryUnreachable"),
+)
+
+
+def _exit_status(e: Exception) -> int | None:
+    """The exit status of a failure the user is told about in one line (KNOWN_FAILURES), else None."""
+    for status, module, name in KNOWN_FAILURES:
+        if (loaded := sys.modules.get(module)) is not None and isinstance(e, getattr(loaded, name)):
+            return status
+    return None
 
 
 if __name__ == "__main__":

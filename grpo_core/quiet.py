@@ -57,6 +57,16 @@ NOISE = (
     Noise(Warning, "/sqlalchemy/", r"(?i)deprecat", "MLflow's SQL store"),
 )
 QUIET_LOGGERS = ("megatron",)  # their INFO (set-up, buckets) is for megatron developers; WARNING and up is shown
+LOG_ONLY = "grpo_log_only"
+"""A record with this attribute set (``extra={LOG_ONLY: True}``) goes to the log, not the terminal: a line the
+terminal shows in another form (the closing summary, the short launch line), kept whole in the log and in
+Prefect's task logs, which get every record."""
+PROJECT = Path(__file__).resolve().parent.parent
+OWN_PACKAGES = tuple(str(PROJECT / name) + "/" for name in ("grpo_core", "tasks", "flows"))
+SET_UP = "set-up: "
+"""The start of rank 0's status lines while it sets up (minutes on a small CPU): `grpo train` echoes them, the
+pipeline's train task passes them on to its log (launch/run.py ``StatusLines``)."""
+CACHED = "Finished in state Cached("  # Prefect's line for a task served from its persisted result
 
 
 def is_noise(category: type[Warning], filename: str, message: str) -> bool:
@@ -65,7 +75,20 @@ def is_noise(category: type[Warning], filename: str, message: str) -> bool:
 
 
 def is_quiet_record(record: logging.LogRecord) -> bool:
-    return record.name.startswith(QUIET_LOGGERS) and record.levelno < logging.WARNING
+    """Chatter: megatron's INFO, any library's INFO (Prefect's "Finished in state Completed()", its hooks, its
+    temporary server; MLflow's database set-up), and records marked ``LOG_ONLY``. Our own INFO is shown."""
+    if getattr(record, LOG_ONLY, False):
+        return True
+    if record.levelno >= logging.WARNING:
+        return False
+    return record.name.startswith(QUIET_LOGGERS) or not record.pathname.startswith(OWN_PACKAGES)
+
+
+def cached_line(record: logging.LogRecord) -> str | None:
+    """What the terminal says for a Prefect task served from its cache: which task, and that it did not run."""
+    if record.getMessage().startswith(CACHED) and (task := getattr(record, "task_run_name", None)):
+        return f"{task}: the result of an earlier run with the same inputs (not run again)"
+    return None
 
 
 class _Sink:
@@ -77,8 +100,8 @@ class _Sink:
         self.file: TextIO | None = None
 
     def write(self, line: str) -> None:
-        if self.stream is not None:
-            self.stream.write(MARK + line + "\n")
+        if self.stream is not None:  # every line of a many-line record (megatron's bucket list) marked
+            self.stream.write("".join(MARK + part + "\n" for part in line.split("\n")))
             self.stream.flush()
         elif self.file is not None:
             self.file.write(line + "\n")
@@ -92,11 +115,20 @@ _installed = False
 
 
 class _QuietFilter(logging.Filter):
+    """On a terminal's handler: chatter to the sink; a cached Prefect task as one line of ours instead."""
+
+    def __init__(self, handler: logging.Handler | None = None) -> None:
+        super().__init__()
+        self.handler = handler
+
     def filter(self, record: logging.LogRecord) -> bool:
-        if is_quiet_record(record):
-            _sink.write(f"{record.levelname} {record.name}: {record.getMessage()}")
-            return False
-        return True
+        if not is_quiet_record(record):
+            return True
+        _sink.write(f"{record.levelname} {record.name}: {record.getMessage()}")
+        if self.handler is not None and (line := cached_line(record)) is not None:
+            shown = logging.makeLogRecord({**record.__dict__, "msg": line, "args": None})
+            self.handler.emit(shown)
+        return False
 
 
 def quiet_terminal(marked: bool) -> None:
@@ -117,9 +149,18 @@ def quiet_terminal(marked: bool) -> None:
             show(message, category, filename, lineno, file, line)
 
     warnings.showwarning = showwarning
-    quiet = _QuietFilter()
     for handler in logging.getLogger().handlers:  # a record of a child logger passes only handlers' filters
-        handler.addFilter(quiet)
+        handler.addFilter(_QuietFilter(handler))
+
+
+def quiet_mlflow() -> None:
+    """MLflow's loggers have a handler of their own and do not propagate: its INFO (database set-up) goes where
+    other chatter goes. Imports mlflow (which sets its handler up then); call it before MLflow is used."""
+    import mlflow  # noqa: F401
+
+    for handler in logging.getLogger("mlflow").handlers:
+        if not any(isinstance(f, _QuietFilter) for f in handler.filters):
+            handler.addFilter(_QuietFilter())
 
 
 def attach_log(path: str | Path) -> Path:

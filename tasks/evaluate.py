@@ -8,6 +8,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from grpo_core.data.lineage import file_sha256
+from grpo_core.evaluation.gsm8k import EvalProgress
 from grpo_core.evaluation.run import EvalSettings, evaluate_model
 from tasks.retry import transient
 
@@ -37,12 +38,15 @@ def _cache_key(context, parameters) -> str:
 @task(cache_key_fn=_cache_key, persist_result=True, retries=1, retry_delay_seconds=10, retry_condition_fn=transient)
 def evaluate_checkpoint(model: str, data_file: str, out_dir: str, settings: dict) -> dict:
     """GSM8K accuracies of ``model`` (hub id, HF directory or checkpoint); records in ``out_dir``; a line per
-    generate call in the task's log."""
+    generate call in the task's log (questions, tokens/s), and a line before the model load."""
     log, name = get_run_logger(), Path(out_dir).name
-    log.info("evaluating %s on %s", model, data_file)
+    engine, limit = settings["engine"], settings.get("limit")
+    questions = f"{limit} questions" if limit else "every question"
+    # the model load and the engine's build take a while before the first batch's line: say so
+    log.info("evaluate %s: loading %s into the %s engine, then %s of %s", name, model, engine, questions, data_file)
 
-    def progress(done: int, total: int) -> None:
-        log.info("evaluate %s: %d/%d questions", name, done, total)
+    def progress(now: EvalProgress) -> None:
+        log.info(now.line(name))
 
     result = evaluate_model(model, data_file, out_dir, EvalSettings(**settings), on_batch=progress)
     rate = result.response_tokens / max(result.elapsed_s, 1e-9)

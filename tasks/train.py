@@ -24,7 +24,8 @@ def _cache_key(context, parameters) -> str:
 
 @task(cache_key_fn=_cache_key, persist_result=True, retries=1, retry_delay_seconds=30, retry_condition_fn=transient)
 def train_grpo(config_path: str | None, overrides: list[str], mlflow_run_id: str) -> dict:
-    """Run every rank to the end, a line per step in the task's log; the last checkpoint and the steps trained."""
+    """Run every rank to the end, its set-up lines and a line per step in the task's log; the last checkpoint and the
+    steps trained."""
     cfg = load_config(config_path, overrides)
     log, total = get_run_logger(), cfg.trainer.total_training_steps
     latest = CheckpointManager.for_run(cfg.trainer).latest()
@@ -34,7 +35,8 @@ def train_grpo(config_path: str | None, overrides: list[str], mlflow_run_id: str
     log.info("training %s steps; the ranks' log: %s/launch", total or "the epochs'", cfg.trainer.default_local_dir)
     try:
         with following(metrics, lambda row: log.info(step_line(row, total))):
-            log_dir = run_training(cfg, config_path, overrides, extra_env={RUN_ID_VAR: mlflow_run_id})
+            env = {RUN_ID_VAR: mlflow_run_id}
+            log_dir = run_training(cfg, config_path, overrides, extra_env=env, on_status=log.info)
     except LaunchError as e:
         log.error(e.report())  # the failed rank's own log tail, in the task's log
         raise

@@ -54,7 +54,7 @@ def test_plan_refuses_what_cannot_fit(capsys):
     assert main(["plan", "--model", "meta-llama/Llama-3.1-70B", "--gpus", "2", "--gpu-memory", "24"]) == 2
     assert "does not fit" in capsys.readouterr().err
     assert main(["plan", "--model", "./missing-model", "--gpus", "2", "--gpu-memory", "24"]) == 2
-    assert "no such model directory" in capsys.readouterr().err
+    assert "no such local directory" in capsys.readouterr().err
 
 
 def test_prepare_full_gsm8k(shared_dir, tmp_path, capsys):
@@ -113,3 +113,67 @@ def test_notes_and_warnings_are_printed_once_not_again_by_each_rank(monkeypatch,
         assert cli.main(args) == 0
         printed[rank, launched] = "note: actor_rollout_ref.actor.optim.weight_decay" in capsys.readouterr().err
     assert printed == {("0", True): False, ("0", False): True, ("1", False): False}
+
+
+def grpo_command(*args: str, cwd, env: dict | None = None, timeout: int = 120):
+    """``grpo ARGS`` as a user runs it, in its own process (its own logging set-up, its own hub settings)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+    cmd = [sys.executable, "-m", "grpo_core.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout)
+
+
+def test_version_answers_without_the_heavy_imports(tmp_path):
+    from grpo_core.cli import package_version
+
+    result = grpo_command("--version", cwd=tmp_path, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == f"grpo {package_version()}", result
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", package_version())  # installed (pip install -e .): pyproject's
+
+
+def test_compare_outside_the_repo_says_so_and_creates_no_store(tmp_path):
+    """Issue 44: `grpo compare` where there is no mlflow.db left an empty one behind; a read-only command writes
+    nothing, and says where it looked."""
+    result = grpo_command("compare", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": ""}, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: no MLflow store at sqlite:///mlflow.db (") and str(tmp_path) in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "path,missing",
+    [
+        ("models/does-not-exist", "models/does-not-exist"),  # models/ exists: a local path, the hub is not asked
+        ("nosuchorg/nosuchmodel", "nosuchorg/nosuchmodel"),  # a hub id: asked once, it does not answer
+    ],
+)
+def test_a_missing_model_path_is_one_line_in_seconds_with_the_hub_unreachable(path, missing, tmp_path):
+    """Issue 44: 31-35 s of hub retries, 22 lines, then an error blaming the hub. Now: exit 2, at most 3 lines,
+    within 15 s, and the line names the missing local directory first."""
+    import time
+
+    from tests.conftest import REPO
+    from tests.support.servers import free_port
+
+    (tmp_path / "models").mkdir()
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0"}
+    start = time.monotonic()
+    result = grpo_command(
+        "pipeline",
+        "--config",
+        str(REPO / "configs/demo_cpu.yaml"),
+        f"actor_rollout_ref.model.path={path}",
+        cwd=tmp_path,
+        env=env,
+    )
+    elapsed = time.monotonic() - start
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert result.returncode == 2 and len(lines) <= 3 and elapsed < 15, (elapsed, lines)
+    assert lines[0].startswith(f"error: actor_rollout_ref.model.path: {missing}: no such local directory ("), lines
+    assert str(tmp_path / missing) in lines[0] and "Traceback" not in result.stderr

@@ -189,7 +189,7 @@ INVALID = [
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=3"], "rollout tensor parallel size 3"),
     (["data.max_response_length=40000"], "exceeds the model's max_position_embeddings"),
     ([f"+{MEGA}override_transformer_config.recompute_granularty=full"], "did you mean 'recompute_granularity'"),
-    (["actor_rollout_ref.model.path=./no/such/model"], "no such model directory"),
+    (["actor_rollout_ref.model.path=./no/such/model"], "no such local directory"),
     (["actor_rollout_ref.rollout.gpu_memory_utilization=0.05"], "cannot hold one 1536-token sequence"),
     (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "clip_ratio_c=1.0 must be > 1"),
     # NaN passes every range check: one rule refuses every non-finite float, nested ones too

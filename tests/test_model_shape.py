@@ -213,10 +213,12 @@ def test_unsupported_model_type_lists_supported(tmp_path):
         assert repr(supported) in str(excinfo.value)
 
 
-@pytest.mark.parametrize("name", ["./nope", "/definitely/not/a/model", "~/no-such-model-dir", "a/b/c"])
+@pytest.mark.parametrize("name", ["./nope", "/definitely/not/a/model", "~/no-such-model-dir", "a/b/c", "models/nope"])
 def test_missing_path_fails_without_the_hub(name, tmp_path, monkeypatch):
+    """Path syntax, or an existing parent (``models/`` here): a missing directory, whatever the hub holds."""
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ModelShapeError, match="no such model directory"):
+    (tmp_path / "models").mkdir()
+    with pytest.raises(ModelShapeError, match="no such local directory"):
         load_model_shape(name)  # the autouse fixture fails the test if the hub is asked
 
 

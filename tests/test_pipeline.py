@@ -8,6 +8,7 @@ persisted results, and the MLflow run has what `grpo compare` and a person need.
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ from grpo_core.quiet import MARK
 from tests.conftest import REPO
 from tests.support.servers import prefect_env
 from tests.support.tiny import TOKENIZER, tiny_model_dir
-from tests.test_quiet import CHATTER
+from tests.test_quiet import CHATTER, misleading_lines
 from tests.test_secrets import LEAKS, PLANTED, env_overrides
 
 
@@ -145,6 +146,26 @@ def test_pipeline_runs_on_the_ephemeral_api_and_a_rerun_is_served_from_its_resul
     first = grpo("pipeline", "--config", str(REPO / "configs/demo_cpu.yaml"), *overrides, env=env, cwd=tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-5000:]
     assert "MLflow run:" in first.stdout and "Prefect flow run:" in first.stdout
+    # Issue 44: a quiet, truthful terminal (none of its noisy lines; the libraries' kept in the run's log), progress in
+    # every phase (the ranks' set-up, each evaluation with tokens/s), and what the run wrote and how large.
+    terminal = first.stdout + first.stderr
+    assert misleading_lines(terminal) == [], terminal[-6000:]
+    for phase in ("loading the tokenizer and data of", "building the actor (", "building the static rollout engine"):
+        assert f"\nset-up: {phase}" in first.stderr, first.stderr[-5000:]
+    assert "\nset-up: ready; step 1 of 2 starts" in first.stderr
+    for name in ("base", "trained"):
+        assert f"\nevaluate {name}: loading " in first.stderr and " into the static engine, then 4 questions of " in (
+            first.stderr
+        )
+        assert re.search(rf"\nevaluate {name}: 4/4 questions, \d+ tokens in [\d.]+ s \(\d+ tokens/s\)\n", terminal)
+    assert "\nnode 0: starting grpo_core.trainer.main_ppo on 1 rank(s) of this node (command line and output: " in (
+        terminal
+    )
+    assert re.search(r"\ncheckpoint: \S+/step_000002 \(\d+\.\d\d GB: extra, hf_model, model\)\n", first.stdout)
+    assert "\ndata: 256 train rows, 128 test rows in " in first.stderr
+    library_log = (tmp_path / "run" / "launch" / "pipeline.log").read_text()
+    assert "Finished in state Completed()" in library_log and "Creating initial MLflow database tables" in library_log
+    assert "grpo_core.launch.agent --nnodes=1" in library_log  # the whole command line (secrets masked)
 
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("pipeline_test")
@@ -180,7 +201,9 @@ def test_pipeline_runs_on_the_ephemeral_api_and_a_rerun_is_served_from_its_resul
     before = (train_log.stat().st_mtime_ns, (tmp_path / "run" / "metrics.jsonl").read_text())
     second = grpo("pipeline", "--config", str(REPO / "configs/demo_cpu.yaml"), *overrides, env=env, cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-5000:]
-    assert second.stderr.count("Cached(type=COMPLETED)") >= 4, second.stderr[-5000:]
+    cached = ": the result of an earlier run with the same inputs (not run again)"
+    assert second.stderr.count(cached) >= 4, second.stderr[-5000:]
+    assert misleading_lines(second.stdout + second.stderr) == [], second.stderr[-5000:]
     assert (train_log.stat().st_mtime_ns, (tmp_path / "run" / "metrics.jsonl").read_text()) == before
     assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [run_id]
     assert len(client.search_model_versions("name = 'pipeline_test'")) == 1  # the re-run found its version

@@ -24,6 +24,29 @@ CHATTER = (
     "SyntaxWarning",
     "warnings.warn(",
 )
+# Issue 44's misleading or noisy lines of a successful run: none may reach the terminal.
+MISLEADING = (
+    "does not exist yet (write it with `grpo prepare`)",  # the pipeline writes the data itself
+    "Finished in state",  # Prefect's, after every task: reads as if the run were done
+    "Running hook '_let_go'",
+    "Hook '_let_go'",
+    "Creating initial MLflow database tables",
+    "INFO mlflow",
+    "data: {",  # a Python dict
+    "grpo_core.launch.agent",  # the 400-character torchrun command line (kept in the node log and the run's log)
+    "Params for bucket",  # megatron's bucket list: one record of many lines
+    "\tdecoder.",
+    "…",  # a progress bar cut to 80 columns
+    "grpo ━",
+)
+
+
+def misleading_lines(terminal: str) -> list[str]:
+    """The lines of ``terminal`` that hold one of ``MISLEADING``, or that say the uplift a second time."""
+    lines = terminal.splitlines()
+    found = [line for line in lines if any(m in line for m in MISLEADING)]
+    uplift = [line for line in lines if line.startswith("accuracy ") and ", uplift " in line]
+    return found + uplift[1:]
 
 
 @pytest.mark.parametrize(
@@ -103,3 +126,42 @@ def test_a_command_that_imports_megatron_starts_with_its_own_line(args, first, t
     output = done.stderr + done.stdout
     assert first in (done.stderr or done.stdout).lstrip("─ \n").splitlines()[0], output[:2000]
     assert not [c for c in CHATTER if c in output], output[:3000]
+
+
+def test_library_info_and_log_only_records_go_to_the_log_our_info_and_every_warning_to_the_terminal():
+    """Issue 44: Prefect's "Finished in state Completed()", its hooks and MLflow's set-up are library INFO: the run's
+    log keeps them; a line the terminal shows in another form is marked LOG_ONLY; a many-line record (megatron's
+    bucket list) is marked chatter on every line, so the launcher's echo leaves all of it out."""
+    import io
+    import logging
+
+    from grpo_core import quiet
+
+    def record(path: str, level: int = logging.INFO, **extra) -> logging.LogRecord:
+        return logging.makeLogRecord({"name": "x", "levelno": level, "pathname": path, "msg": "m", **extra})
+
+    prefect_engine = f"{SITE}/prefect/task_engine.py"
+    assert quiet.is_quiet_record(record(prefect_engine))
+    assert not quiet.is_quiet_record(record(prefect_engine, logging.WARNING))
+    assert not quiet.is_quiet_record(record(str(REPO / "tasks" / "evaluate.py")))
+    assert quiet.is_quiet_record(record(str(REPO / "flows" / "grpo_pipeline.py"), **{quiet.LOG_ONLY: True}))
+    cached = record(prefect_engine, msg="Finished in state Cached(type=COMPLETED)", task_run_name="prepare_gsm8k-0")
+    assert (
+        quiet.cached_line(cached)
+        == "prepare_gsm8k-0: the result of an earlier run with the same inputs (not run again)"
+    )
+
+    sink, out = quiet._Sink(), io.StringIO()
+    sink.stream = out
+    sink.write("INFO megatron: Params for bucket 1:\n\tdecoder.layers.0.weight")
+    assert all(is_marked(line) for line in out.getvalue().splitlines()) and len(out.getvalue().splitlines()) == 2
+
+
+def test_the_pipeline_passes_on_rank_zeros_set_up_lines_only():
+    from grpo_core.launch.run import StatusLines
+
+    seen = []
+    StatusLines(seen.append).write(
+        "[default0]:set-up: building the actor (1 s)\n[default0]:other\nset-up: ready (2 s)\n"
+    )
+    assert seen == ["set-up: building the actor (1 s)", "set-up: ready (2 s)"]

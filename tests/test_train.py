@@ -6,6 +6,7 @@ Each test runs the real command (torchrun, gloo) on a tiny random Llama with the
 import contextlib
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -21,6 +22,7 @@ import pytest
 from tests.conftest import REPO
 from tests.support.sockets import ListenWatch
 from tests.support.tiny import TOKENIZER, capitals_data, tiny_model_dir
+from tests.test_quiet import misleading_lines
 
 
 def grpo_train(
@@ -383,6 +385,12 @@ def test_static_engine_starts_from_the_actors_weights(tmp_path, capitals):
         "trainer.val_before_train=true",
     )
     assert result.returncode == 0, result.stderr[-4000:]
+    # issue 44: the terminal of `grpo train` (the ranks' lines echoed): no bucket list, no cut progress bar, no long
+    # command line; what set-up does; the same step lines as the pipeline's; what it wrote, and how large
+    terminal = result.stdout + result.stderr
+    assert misleading_lines(terminal) == [], terminal[-4000:]
+    assert "set-up: building the static rollout engine" in terminal and "step 2/2: reward " in terminal
+    assert re.search(r"\ncheckpoint: \S+/step_000002 \(\d+\.\d\d GB: extra, model, optimizer\)\n", terminal)
     rows = metrics(run)
     assert [m["step"] for m in rows] == [0, 1, 2]
     assert rows[0]["val/response_length_mean"] > 0

@@ -46,7 +46,6 @@ from grpo_core.planning.layout import ParallelLayout, actor_layout, pipeline_ext
 from grpo_core.planning.memory import DTYPE_BYTES, MemoryEstimate
 from grpo_core.planning.planner import PEAK_SHARE, rollout_tp_fits
 from grpo_core.rewards.custom import RewardFileError, load_custom_reward
-from grpo_core.rollout import static as static_engine
 
 LOGGERS = ("console", "mlflow", "tensorboard", "wandb")
 LAYOUT_KEYS = [
@@ -407,8 +406,11 @@ def _check_layout(cfg: GRPOConfig, shape: ModelShape, layout: ParallelLayout, r:
         r.errors.append(
             f"rollout.name={rollout.name} generates on one device per rank: rollout TP must be 1, not {rtp}"
         )
-    if rollout.name == "static" and (problem := static_engine.unsupported(shape)):
-        r.errors.append(problem)
+    if rollout.name == "static":
+        from grpo_core.rollout import static as static_engine  # torch and transformers: not for every config check
+
+        if problem := static_engine.unsupported(shape):
+            r.errors.append(problem)
     if rollout.name == "megatron":
         _check_megatron_rollout(cfg, layout, r)
     needs_ordering = cfg.trainer.device == "cuda" and (layout.tp > 1 or layout.cp > 1)
@@ -669,6 +671,10 @@ def _not_a_directory(path: str) -> Path | None:
     return None
 
 
+MISSING_DATA = "data file {} does not exist yet (write it with `grpo prepare`)"
+"""A warning for ``grpo train``; ``grpo pipeline`` leaves it out, as it writes the data itself."""
+
+
 def _check_paths(cfg: GRPOConfig, r: Report) -> None:
     run_dir = cfg.trainer.default_local_dir
     if (blocker := _not_a_directory(run_dir)) is not None:
@@ -678,7 +684,7 @@ def _check_paths(cfg: GRPOConfig, r: Report) -> None:
         )
     for path in cfg.data.train_files + cfg.data.val_files:
         if not Path(path).exists():
-            r.warnings.append(f"data file {path} does not exist yet (write it with `grpo prepare`)")
+            r.warnings.append(MISSING_DATA.format(path))
     mode = cfg.trainer.resume_mode
     if mode not in ("auto", "disable") and not Path(mode).exists():
         r.errors.append(f"trainer.resume_mode={mode!r}: not 'auto', 'disable' or an existing checkpoint path")

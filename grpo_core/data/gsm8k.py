@@ -308,5 +308,5 @@ def prepare_gsm8k(source: str, output_dir: str | Path, force: bool = False, prog
         _write_outputs(out_dir, {split: table for split, (table, _) in converted.items()}, manifest)
     except OSError as exc:
         raise DataError(f"cannot write to output directory {out_dir}: {exc.strerror or exc}") from exc
-    logger.info("gsm8k: wrote %s to %s", ", ".join(f"{n} {s} rows" for s, n in rows.items()), out_dir)
+    logger.debug("gsm8k: wrote %s to %s", ", ".join(f"{n} {s} rows" for s, n in rows.items()), out_dir)
     return PrepareResult(out_dir, rows, skipped, input_hash, reused=False)

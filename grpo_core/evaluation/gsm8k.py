@@ -17,7 +17,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import Progress, TextColumn
 
 from grpo_core.atomic import write_text_atomic
 from grpo_core.data.prompts import chat_prompt_ids, decode_responses, row_id
@@ -28,6 +28,26 @@ from grpo_core.rollout.base import RolloutEngine, SamplingSettings
 SAMPLES_FILE = "samples.jsonl"
 METRICS_FILE = "metrics.json"
 EVAL_SET_FILE = "eval_set.json"  # the questions evaluated: {"data_digest": dataset_digest, "questions": [row ids]}
+
+
+@dataclass(frozen=True)
+class EvalProgress:
+    """Where an evaluation is, after a generate call: what the pipeline's task log and a terminal without the bar
+    show, so a long evaluation is never silent until it ends."""
+
+    done: int  # questions answered so far
+    total: int
+    tokens: int  # response tokens generated so far
+    elapsed_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self.elapsed_s, 1e-9)
+
+    def line(self, name: str) -> str:
+        """``evaluate base: 8/16 questions, 768 tokens in 9.1 s (84 tokens/s)``"""
+        rate = f"{self.tokens} tokens in {self.elapsed_s:.1f} s ({self.tokens_per_s:.0f} tokens/s)"
+        return f"evaluate {name}: {self.done}/{self.total} questions, {rate}"
 
 
 @dataclass
@@ -125,12 +145,13 @@ def evaluate(
     k_values: tuple[int, ...] = (1,),
     seed: int = 0,
     progress: bool = True,
-    on_batch: Callable[[int, int], None] | None = None,
+    on_batch: Callable[[EvalProgress], None] | None = None,
 ) -> EvalResult:
     """Sample ``n`` responses per row (greedy at temperature 0), grade each and summarize.
 
-    ``batch_size`` is prompts per ``engine.generate`` call (the engine may split further). ``on_batch(done,
-    total)`` after each call, in questions: progress where no terminal shows the bar (the pipeline's log).
+    ``batch_size`` is prompts per ``engine.generate`` call (the engine may split further). ``on_batch(progress)``
+    after each call: where no terminal shows the bar (the pipeline's task log). The bar (questions, tokens/s) is
+    drawn on a terminal only: off one, rich prints it once, at the end, as a blank line.
     """
     if bad := [k for k in k_values if not 1 <= k <= n]:
         raise ValueError(f"every k must be between 1 and n={n}; got {bad}")
@@ -139,8 +160,11 @@ def evaluate(
     )
     records: list[dict] = []
     start = time.perf_counter()
-    with Progress(console=Console(stderr=True), disable=not progress, transient=True) as bar:
-        task = bar.add_task("gsm8k eval", total=len(rows))
+    console = Console(stderr=True)
+    columns = (*Progress.get_default_columns(), TextColumn("{task.fields[rate]}"))
+    with Progress(*columns, console=console, disable=not (progress and console.is_terminal), transient=True) as bar:
+        task = bar.add_task("gsm8k eval", total=len(rows), rate="")
+        tokens = 0
         for first in range(0, len(rows), batch_size):
             batch = rows[first : first + batch_size]
             gen = engine.generate([chat_prompt_ids(tokenizer, row["prompt"]) for row in batch], settings)
@@ -159,9 +183,11 @@ def evaluate(
                         "response_tokens": len(ids),
                     }
                 )
-            bar.advance(task, len(batch))
+            tokens += sum(len(ids) for ids in gen.response_ids)
+            now = EvalProgress(first + len(batch), len(rows), tokens, time.perf_counter() - start)
+            bar.update(task, advance=len(batch), rate=f"{now.tokens_per_s:.0f} tokens/s")
             if on_batch is not None:
-                on_batch(first + len(batch), len(rows))
+                on_batch(now)
     elapsed = time.perf_counter() - start
     tokens = sum(r["response_tokens"] for r in records)
     return EvalResult(records, summarize(records, n, tuple(k_values)), elapsed_s=elapsed, response_tokens=tokens)

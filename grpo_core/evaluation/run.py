@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from grpo_core.data.lineage import dataset_digest
-from grpo_core.evaluation.gsm8k import EvalResult, evaluate, write_eval_set, write_results
+from grpo_core.evaluation.gsm8k import EvalProgress, EvalResult, evaluate, write_eval_set, write_results
 from grpo_core.trainer.checkpoint import HF_EXPORT, STATE_FILE, CheckpointError, verify_checkpoint
 
 
@@ -104,10 +104,10 @@ def evaluate_model(
     data_file: str,
     out_dir: str | Path,
     settings: EvalSettings,
-    on_batch: Callable[[int, int], None] | None = None,
+    on_batch: Callable[[EvalProgress], None] | None = None,
 ) -> EvalResult:
     """Greedy (or sampled) answers for the first ``settings.limit`` rows; writes samples.jsonl and metrics.json.
-    ``on_batch(done, total)`` after each generate call (questions done so far).
+    ``on_batch(progress)`` after each generate call (questions and tokens so far).
 
     Raises DataError, ModelLoadError or CheckpointError for unusable input."""
     import torch

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from grpo_core.launch import run_lock, slurm, torchrun
 from grpo_core.launch.common import LaunchError, trainer_command
 from grpo_core.polling import polling
-from grpo_core.quiet import Tracebacks, is_marked
+from grpo_core.quiet import SET_UP, Tracebacks, is_marked
 
 SLURM_DEFAULT_PORT = 29500
 
@@ -34,17 +34,20 @@ def run_training(
     *,
     extra_env: Mapping[str, str] | None = None,
     echo: bool = False,
+    on_status: Callable[[str], None] | None = None,
 ) -> Path:
     """Run ``python -m grpo_core.trainer.main_ppo [--config F] overrides...`` on every rank of this node (or
     of the Slurm job) with ``trainer.env`` and ``extra_env`` set. Returns the log directory; raises
     ``LaunchError`` when the job fails, is killed, hangs (``launch.stuck_timeout_s``, ``trainer.hang_timeout_s``:
-    the error then names the newest checkpoint) or runs past ``launch.timeout_s``."""
+    the error then names the newest checkpoint) or runs past ``launch.timeout_s``. ``on_status``: called with
+    each set-up line of rank 0 (what the run does before its first step) where ``echo`` is off."""
     launch_cfg = cfg.launch
     log_dir = Path(cfg.trainer.default_local_dir).resolve() / "launch"
     log_dir.mkdir(parents=True, exist_ok=True)
     # Absolute, so that the ranks find the file whatever directory they (or a Slurm job) start in.
     config = Path(config_path).resolve() if config_path is not None else None
     command = trainer_command(config, list(overrides))
+    out = sys.stderr if echo else StatusLines(on_status) if on_status is not None else None
     stuck_s = launch_cfg.stuck_timeout_s
     if launch_cfg.launcher == "slurm":
         before = set(log_dir.glob("slurm-*.log"))
@@ -52,7 +55,7 @@ def run_training(
         def job_log() -> Path | None:
             return next(iter(set(log_dir.glob("slurm-*.log")) - before), None)
 
-        with _naming_the_newest_checkpoint(cfg), _echoing(echo, job_log):
+        with _naming_the_newest_checkpoint(cfg), _echoing(out, job_log):
             slurm.launch(
                 cfg,
                 command,
@@ -73,7 +76,7 @@ def run_training(
     members = run_lock.members_fd(run_dir)  # and each rank takes a share of its own (launch/run_lock.py)
     node_log = torchrun.NodeLogs(log_dir, node_rank).node_log
     node_log.unlink(missing_ok=True)  # so the echo never shows the last run's log
-    with _naming_the_newest_checkpoint(cfg), _echoing(echo, lambda: node_log if node_log.exists() else None):
+    with _naming_the_newest_checkpoint(cfg), _echoing(out, lambda: node_log if node_log.exists() else None):
         torchrun.launch(
             cfg,
             command,
@@ -109,14 +112,30 @@ def _port(endpoint: str | None) -> int | None:
 
 
 @contextmanager
-def _echoing(enabled: bool, find: Callable[[], Path | None], poll_s: float = 0.2) -> Iterator[None]:
-    """While the block runs, copy the file that ``find()`` returns (None until it exists) to stderr as it
-    grows; what is left is copied when the block ends."""
-    if not enabled:
+def _echoing(out: TextIO | None, find: Callable[[], Path | None], poll_s: float = 0.2) -> Iterator[None]:
+    """While the block runs, copy the file that ``find()`` returns (None until it exists) to ``out`` as it
+    grows; what is left is copied when the block ends. None: nothing."""
+    if out is None:
         yield
         return
-    with polling(LogEcho(find, sys.stderr).copy, poll_s, "launch-echo"):
+    with polling(LogEcho(find, out).copy, poll_s, "launch-echo"):
         yield
+
+
+class StatusLines:
+    """A ``LogEcho`` output that passes rank 0's set-up lines on (without the rank prefix): the pipeline's train
+    task says what the ranks do in the minutes before the first step, not only the steps."""
+
+    def __init__(self, on_status: Callable[[str], None]) -> None:
+        self.on_status = on_status
+
+    def write(self, text: str) -> None:
+        for line in text.splitlines():
+            if (at := line.find(SET_UP)) >= 0:
+                self.on_status(line[at:])
+
+    def flush(self) -> None:
+        pass
 
 
 class LogEcho:
@@ -126,6 +145,7 @@ class LogEcho:
     def __init__(self, find: Callable[[], Path | None], out: TextIO):
         self.find, self.out = find, out
         self.path, self.offset, self.partial = None, 0, ""
+        self.first_line = True
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a read may end inside a character
         self.tracebacks = Tracebacks()
 
@@ -142,6 +162,9 @@ class LogEcho:
         self.offset += len(data)
         lines = (self.partial + self.decoder.decode(data)).split("\n")
         self.partial = lines.pop()
+        if self.first_line and lines:  # the launched command line (torchrun.py): the terminal said it short
+            self.first_line = False
+            lines = lines[1:] if lines[0].startswith("$ ") else lines
         if last and self.partial:
             lines, self.partial = [*lines, self.partial], ""
         if text := "".join(line + "\n" for line in lines if not (is_marked(line) or self.tracebacks.hides(line))):

@@ -163,16 +163,61 @@ def _read_local(path: Path) -> dict:
         raise ModelShapeError(f"{config_file}:{e.lineno}: malformed JSON: {e.msg}") from None
 
 
+def looks_local(name_or_path: str) -> bool:
+    """A path rather than a hub id: path syntax (``./``, ``/``, ``~``, not exactly one ``/``) or an existing parent
+    directory (``models/x`` where ``models/`` exists): a typo there is a missing directory, not a hub question."""
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
+        return True
+    return Path(name_or_path).expanduser().parent.is_dir()
+
+
+def no_such_directory(name_or_path: str) -> str:
+    return f"{name_or_path}: no such local directory ({Path(name_or_path).expanduser().absolute()})"
+
+
+def _not_on_the_hub(name_or_path: str) -> str:
+    """The error for a path that ``looks_local`` and does not exist: the directory first, then why not the hub."""
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
+        return f"{no_such_directory(name_or_path)}, and not a hub id (org/name)"
+    return f"{no_such_directory(name_or_path)}; its parent directory exists, so it is not looked up on the hub"
+
+
+def _hub_problem(repo_id: str) -> str | None:
+    """Why ``repo_id`` cannot be looked up on the hub now, asked once (hf_hub_download retries an unreachable
+    endpoint for ~30 s): HF_HUB_OFFLINE is set, or the endpoint does not answer. None: go ahead."""
+    from huggingface_hub import constants, get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set and the Hugging Face cache does not hold it"
+    try:
+        get_session().head(f"{constants.ENDPOINT}/api/models/{repo_id}", timeout=10)
+    except Exception as e:  # noqa: BLE001  (any transport error: refused, DNS, TLS, timeout)
+        reason = str(e).splitlines()[0][:120] if str(e).strip() else type(e).__name__
+        return f"the Hugging Face hub at {constants.ENDPOINT} does not answer ({reason})"
+    return None
+
+
+def _hub_file(repo_id: str, filename: str) -> str | None:
+    """``filename`` of ``repo_id`` from the Hugging Face cache, without the network; None when not cached."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, filename)
+    return found if isinstance(found, str) else None
+
+
 def _read_hub(repo_id: str) -> dict:
     from huggingface_hub import hf_hub_download
 
+    if (cached := _hub_file(repo_id, "config.json")) is not None:
+        return json.loads(Path(cached).read_text())
+    if problem := _hub_problem(repo_id):
+        raise ModelShapeError(f"{no_such_directory(repo_id)}, and as a hub id: {problem}")
     try:
         return json.loads(Path(hf_hub_download(repo_id, "config.json")).read_text())
-    except Exception as e:  # offline, gated, missing: all end the same way for the user
+    except Exception as e:  # gated, missing: all end the same way for the user
         reason = str(e).splitlines()[0][:200]
         raise ModelShapeError(
-            f"could not read config.json of {repo_id!r} from the Hugging Face hub ({reason}); "
-            "point actor_rollout_ref.model.path at a local directory"
+            f"{no_such_directory(repo_id)}, and the Hugging Face hub has no config.json for it ({reason})"
         ) from None
 
 
@@ -184,8 +229,8 @@ def read_hf_config(name_or_path: str) -> dict:
     known = find_known_config(name_or_path)
     if known is not None:
         return dict(known)
-    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
-        raise ModelShapeError(f"{name_or_path}: no such model directory, and not a hub id (org/name)")
+    if looks_local(name_or_path):
+        raise ModelShapeError(_not_on_the_hub(name_or_path))
     if name_or_path.startswith(NOT_OFFERED_IDS):
         raise ModelShapeError(f"{name_or_path}: not offered here: {MLA}")
     return _read_hub(name_or_path)
@@ -252,10 +297,12 @@ def model_weights_dir(name_or_path: str) -> Path:
         if not any(path.glob("*.safetensors")):
             raise ModelShapeError(f"{path}: no *.safetensors weights there")
         return path
-    if path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
-        raise ModelShapeError(f"{name_or_path}: no such model directory, and not a hub id (org/name)")
+    if path.exists() or looks_local(name_or_path):
+        raise ModelShapeError(_not_on_the_hub(name_or_path))
     from huggingface_hub import snapshot_download
 
+    if problem := _hub_problem(name_or_path) if _hub_file(name_or_path, "config.json") is None else None:
+        raise ModelShapeError(f"{no_such_directory(name_or_path)}, and as a hub id: {problem}")
     try:
         return Path(snapshot_download(name_or_path, allow_patterns=list(WEIGHT_FILES)))
     except Exception as e:

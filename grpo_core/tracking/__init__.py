@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from grpo_core.atomic import write_text_atomic
 from grpo_core.config.secrets import hide_url_passwords
+from grpo_core.tracking.follow import step_line
 from grpo_core.tracking.mlflow_run import RUN_ID_VAR, MlflowRun, tracking_uri
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class Tracker:
         self._tensorboard = None
         self._wandb = None
         self._last: dict[str, float] = {}
+        self.total: int | None = None  # steps of the run, once ``progress`` knows them
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -94,8 +96,9 @@ class Tracker:
         self._file.write(json.dumps({"step": step, **metrics}) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
-        if "console" in self.sinks:
-            self.console.print(f"step {step}: {_headline(metrics)}", markup=False, highlight=False)
+        if "console" in self.sinks:  # the pipeline's line (follow.py): one format wherever a step is shown
+            line = step_line({"step": step, **metrics}, self.total)
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
         if self._mlflow is not None:
             self._mlflow.log_metrics(metrics, step=step)
         if self._tensorboard is not None:
@@ -111,8 +114,11 @@ class Tracker:
             self._mlflow.log_artifact(path, artifact_path)
 
     def progress(self, steps: Iterable[int], total: int, start: int = 0) -> Iterator[int]:
-        """Iterate ``steps`` under a progress bar (rank 0, a terminal) that shows the latest headline."""
-        if not self.enabled:
+        """Iterate ``steps`` under a progress bar (rank 0, a terminal) that shows the latest headline. Off a
+        terminal (a rank's output is its log file) the step lines alone: a bar there is drawn once per print, cut to
+        80 columns (``grpo 1… … -…``) and a step behind."""
+        self.total = total
+        if not self.enabled or not self.console.is_terminal:
             yield from steps
             return
         columns = [

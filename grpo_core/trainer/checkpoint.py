@@ -85,6 +85,17 @@ def read_trainer_state(path: Path) -> dict:
         raise CheckpointError(f"{path / STATE_FILE}:{e.lineno}: unreadable trainer state ({e.msg})") from None
 
 
+def describe_checkpoint(path: str | Path) -> str:
+    """``…/step_000003 (1.08 GB: model, extra, hf_model)``: what a run wrote and how large, for its closing lines."""
+    path = Path(path)
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    try:
+        contents = ", ".join(sorted(saved_contents(json.loads((path / STATE_FILE).read_text()))))
+    except (OSError, ValueError):
+        contents = "contents unknown"
+    return f"{path} ({size / 1e9:.2f} GB: {contents})"
+
+
 def verify_checkpoint(path: str | Path) -> Verified:
     """A complete checkpoint whose files are whole (manifest.verify) and hold plain, finite data
     (contents.check_contents); CheckpointError naming the bad file otherwise."""
@@ -286,7 +297,8 @@ class CheckpointManager:
                 f"saving checkpoint {final} failed: {cause} ({_free_space(self.root)}); "
                 f"the partial save was removed, {kept}"
             ) from e
-        logger.info("saved checkpoint %s", final)
+        if _rank() == 0:  # once, not per rank
+            logger.info("saved checkpoint %s", describe_checkpoint(final))
         return final
 
     def _write(self, partial: Path, final: Path, step: int, actor, trainer_state: dict, contents: frozenset) -> None:

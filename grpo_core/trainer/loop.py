@@ -42,6 +42,7 @@ from grpo_core.models.bridge import gather_hf_weights
 from grpo_core.models.shape import ModelShape, hf_overrides, model_weights_dir, read_hf_config, with_overrides
 from grpo_core.numerics import NotFinite, first_non_finite
 from grpo_core.planning.layout import actor_layout
+from grpo_core.quiet import SET_UP
 from grpo_core.rewards import Scorer, build_scorer, reward_name
 from grpo_core.rollout import Generation, SamplingSettings, build_engine, to_rollout_batch
 from grpo_core.rollout.hf import load_tokenizer
@@ -164,9 +165,16 @@ def train(cfg: GRPOConfig, shape: ModelShape) -> dict[str, float]:
 def set_up(cfg: GRPOConfig, shape: ModelShape) -> TrainingSetup:
     """Parallel state, tokenizer, prompts, reward, actor (and ref) with their initial weights, rollout engine."""
     arr, model_cfg = cfg.actor_rollout_ref, cfg.actor_rollout_ref.model
+    started = time.perf_counter()
     layout = actor_layout(cfg)
     init_model_parallel(layout, seed=arr.actor.megatron.seed, timeout_s=arr.nccl_timeout)
     rank = dist.get_rank()
+
+    def status(what: str) -> None:
+        if rank == 0:
+            logger.info("%s%s (%.0f s)", SET_UP, what, time.perf_counter() - started)
+
+    status(f"loading the tokenizer and data of {model_cfg.path}")
 
     # Model files: rank 0 downloads from the hub (if not local) while the others wait for the cache.
     if rank != 0:
@@ -194,13 +202,16 @@ def set_up(cfg: GRPOConfig, shape: ModelShape) -> TrainingSetup:
     optimizer_steps = total_steps * arr.actor.ppo_epochs * (d.train_batch_size // arr.actor.ppo_mini_batch_size)
 
     settings = ActorSettings.from_config(cfg, layout, arr.actor.optim.total_training_steps or optimizer_steps)
+    status(f"building the actor ({layout.describe()}) and loading its weights")
     actor = MegatronActor(shape, settings, hf_path=str(model_dir))
     # with LoRA the reference is the actor with its adapters off: no second model
     needs_model = _needs_ref(cfg) and not settings.lora.enabled
     ref = MegatronActor(shape, settings, hf_path=str(model_dir), trainable=False) if needs_model else None
     rollout_tp = arr.rollout.tensor_model_parallel_size
     on_rank = rank % rollout_tp == 0 or _engine_is_the_actor(cfg)
+    status(f"building the {arr.rollout.name} rollout engine")
     engine = build_engine(cfg, shape, str(model_dir), tokenizer, actor) if on_rank else None
+    status(f"ready; step 1 of {total_steps} starts (the first may take longer: it compiles kernels)")
     # rollout.seed decides what is sampled, on every rank alike (rollout TP ranks must draw the same tokens): the
     # static and HF engines draw from torch's default generators, which megatron seeded with actor.megatron.seed;
     # vLLM's and megatron's engines take it as their own. A resumed run then restores the generators it saved.
