@@ -1,12 +1,19 @@
 """The nearest single-GPU peer on `bench/grpo_step.sh`'s work: TRL's ``GRPOTrainer``, timed per GRPO step.
 
-    python3 bench/trl_peer.py MODEL_DIR DATA_DIR OUT.json [--steps 3] [--continuous-batching]
+    python3 bench/trl_peer.py MODEL_DIR DATA_DIR OUT.json [--steps 3] [--continuous-batching] [--recompute]
+                              [--lora-rank R]
 
 The same work as the project's run: MODEL_DIR's weights in bf16, the first prompts of DATA_DIR/train.parquet
 (`grpo prepare`) in order, 64 prompts x 8 samples x at most 256 new tokens at temperature 1 per GRPO step, two
 optimizer steps of 256 completions each in micro-batches of 16, PPO clip 0.2, a k3 KL to the reference at 0.001,
 a token-level loss, the project's GSM8K reward (format bonus 0.1). Tokens/s per GPU as the project counts it
-(``perf/throughput``): prompt + response tokens, no padding, over the GRPO step's seconds. Needs trl and datasets.
+(``perf/throughput``): prompt + response tokens, no padding, over the GRPO step's seconds. Needs trl and datasets
+(and peft for LoRA).
+
+The peer runs at its fastest settings that fit: gradient checkpointing off (TRL's GRPOConfig turns it on by
+default; on one H100 its 1.5B steps took 23.9 / 27.1 s without it, 27.8 / 29.9 s with it, issue 39), unless
+--recompute asks for TRL's default. --lora-rank R trains peft's LoRA adapters (alpha 2R, every linear layer), the
+setting TRL users pair with a 7B on one GPU.
 """
 
 import argparse
@@ -34,6 +41,8 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps (the first includes loading and warm-up)")
     parser.add_argument("--continuous-batching", action="store_true", help="transformers' continuous batching")
+    parser.add_argument("--recompute", action="store_true", help="gradient checkpointing on (TRL's default)")
+    parser.add_argument("--lora-rank", type=int, default=0, help="peft LoRA adapters of this rank (0: full training)")
     args = parser.parse_args()
 
     from datasets import Dataset
@@ -77,11 +86,22 @@ def main() -> None:
         shuffle_dataset=False,
         model_init_kwargs={"dtype": torch.bfloat16},
         use_transformers_continuous_batching=args.continuous_batching,
+        gradient_checkpointing=args.recompute,
     )
+    peft_config = None
+    if args.lora_rank:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules="all-linear")
     clock = Clock()
     dataset = Dataset.from_dict({"prompt": messages, "ground_truth": truths})
     trainer = GRPOTrainer(
-        model=args.model, reward_funcs=gsm8k_reward, args=config, train_dataset=dataset, processing_class=tokenizer
+        model=args.model,
+        reward_funcs=gsm8k_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
     )
     trainer.add_callback(clock)
     trainer.train()
@@ -99,7 +119,9 @@ def main() -> None:
 
     result = {
         "implementation": f"TRL {trl.__version__} GRPOTrainer, "
-        + ("continuous batching" if args.continuous_batching else "transformers generate"),
+        + ("continuous batching" if args.continuous_batching else "transformers generate")
+        + (", gradient checkpointing" if args.recompute else "")
+        + (f", peft LoRA rank {args.lora_rank}" if args.lora_rank else ""),
         "steps": steps,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
     }
