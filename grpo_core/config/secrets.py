@@ -37,6 +37,7 @@ SECRET_NAMES = {
     r"_pat_$": "a personal access token: MY_PAT, GITHUB_PAT",
     r"credential": "GOOGLE_APPLICATION_CREDENTIALS",
     r"cookie": "SESSION_COOKIE",
+    r"webhook": "a webhook URL, whose path is often its token: tracking.notify_webhook_url, SLACK_WEBHOOK",
 }
 _SECRET_NAME = re.compile("|".join(f"(?:{pattern})" for pattern in SECRET_NAMES))
 _REFERENCE = re.compile(r"\$\{oc\.env:[A-Za-z_][A-Za-z0-9_]*\}")  # a value read from the environment
