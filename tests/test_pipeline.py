@@ -44,6 +44,7 @@ def pipeline_overrides(root: Path, model: Path, tracking_uri: str) -> list[str]:
         "evaluation.max_new_tokens=8",
         "evaluation.batch_size=8",
         f"tracking.mlflow_tracking_uri={tracking_uri}",
+        f"tracking.model_cache_dir={root / 'models'}",  # a registry version's local copy (the base, champion)
         "tracking.champion_min_uplift=-1",  # any uplift is enough; promotion then hangs on the paired test alone
     ]
 
