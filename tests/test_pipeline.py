@@ -295,6 +295,12 @@ def test_a_tracking_server_down_at_the_start_loses_nothing_once_synced(tmp_path,
             assert [v for _, v in history] == pytest.approx([v for _, v in expected], nan_ok=True), name
         assert {"val/accuracy_uplift", "eval/trained/num_questions"} <= remote.data.metrics.keys()
         assert {a.path for a in client.list_artifacts(run_id, "plots")} >= {"plots/reward.png"}
+        # the figures, saved while the server was away, and the experiment made by the sync: model training
+        figures = {a.path for a in client.list_artifacts(run_id, "figures")}
+        assert figures == {"figures/reward_and_format_rate.png", "figures/before_after.png"}
+        experiment = client.get_experiment_by_name("pipeline_test")
+        assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+        assert "**Promotion:** uplift" in remote.data.tags["mlflow.note.content"]
         model = lineage_on_the_server(client, remote, tmp_path / "data")  # made at sync time, as when online
         # registered as the queue said; never promoted without reading the registry's champion
         version = client.get_model_version_by_alias("pipeline_test", "challenger")

@@ -214,7 +214,7 @@ class MlflowRun:
                 return
             except Exception as e:  # noqa: BLE001  (the server went away since the flush: queue the file)
                 logger.warning("MLflow at %s did not take a figure (%s); queueing it", self.shown_uri, _short(e))
-        where = Path(self.pending_file.parent if self.pending_file else ".") / "figures" / artifact_file
+        where = Path(self.pending_file.parent if self.pending_file else ".") / artifact_file
         where.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(where)
         self.log_artifact(where, str(Path(artifact_file).parent) if "/" in artifact_file else None)
