@@ -192,3 +192,19 @@ def test_a_failed_run_sends_one_notice_and_its_report_says_where_it_failed(tmp_p
     assert TOKEN not in run.stdout + run.stderr
     assert TOKEN not in json.dumps(flow_run.parameters)  # Prefect keeps a reference to the variable instead
     assert not [p for p in Path(tmp_path / "run").rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
+
+
+def test_a_bad_webhook_url_is_one_line_and_exit_2_without_the_url(tmp_path):
+    result = grpo(
+        "pipeline",
+        "--config",
+        str(REPO / "configs/demo_cpu.yaml"),
+        f"tracking.notify_webhook_url=hooks.example/{TOKEN}",
+        env=prefect_env(tmp_path),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if "notify_webhook_url" in line]
+    assert len(errors) == 1 and "not an http:// or https:// URL" in errors[0], result.stderr
+    assert TOKEN not in result.stdout + result.stderr
