@@ -227,7 +227,12 @@ def run_pipeline(
         champion_tags = champion.tags if champion else None
         if champion is None and champion_known and cfg.tracking.log_model:  # the first run of this registered model
             where.phase = "registering the base model"
-            if (registered := register_base_model(cfg, base, eval_dirs["base"])) is not None:
+            try:
+                registered = register_base_model(cfg, base, eval_dirs["base"])
+            except Exception as e:  # noqa: BLE001  (the trained model is still compared with the base, as before)
+                log.warning("the base model was not registered as the champion: %s", one_line(e))
+                registered = None
+            if registered is not None:
                 champion_version, champion_tags = registered
                 eval_dirs["champion"] = eval_dirs["base"]  # evaluated already, on the same questions
                 log.info("registered the base model as version %s, the champion to beat", champion_version)
