@@ -6,7 +6,7 @@ Every task is cached and its result persisted: a re-run after a crash picks up a
 task, and the training task itself resumes from its last checkpoint.
 """
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -21,8 +21,10 @@ from grpo_core.evaluation.run import EvalSettings
 from grpo_core.launch import run_lock
 from grpo_core.quiet import LOG_ONLY
 from grpo_core.tracking.mlflow_run import quick_http, tracking_uri
+from grpo_core.tracking.notify import regression, send_notice
 from grpo_core.tracking.promotion import eval_set_tags, judge_note
 from grpo_core.tracking.registry import RegistryModel, RegistryUnreachable, champion_uri, eval_dir, fetch_model
+from grpo_core.tracking.report import REPORT_KEY, failure_report, one_line
 from grpo_core.trainer.checkpoint import CheckpointManager
 from grpo_core.trainer.dry_run import resolve_run
 from tasks import evaluate_checkpoint, prepare_gsm8k, train_task, unless_missing
@@ -90,7 +92,43 @@ def grpo_pipeline(
 
     ``start_from_champion``: train from ``models:/NAME@champion`` when there is one (else the config's model).
     ``skip_unchanged``: a scheduled run; when its start model version, training data and resolved config are
-    those of the last finished scheduled run, train nothing; either way say which of them changed."""
+    those of the last finished scheduled run, train nothing; either way say which of them changed.
+
+    Whatever happens, the flow run's report artifact says it: the results, or where the run failed and why (and a
+    failure is sent as a notice when ``tracking.notify_*`` names where)."""
+    where = Where()
+    try:
+        return run_pipeline(where, config, overrides, fresh, start_from_champion, skip_unchanged)
+    except Exception as e:
+        title = where.title or f"flow run {flow_run.name}"
+        report = failure_report(title, where.phase, one_line(e), where.mlflow_url)
+        create_markdown_artifact(report, key=REPORT_KEY, description=f"failed in {where.phase}")
+        if where.notify:
+            subject = f"GRPO pipeline {title}: flow run {flow_run.name} failed in {where.phase}"
+            send_notice(subject, f"{subject}\n\n{report}", *where.notify)
+        raise
+
+
+@dataclass
+class Where:
+    """How far a flow run got: the phase it is in (the task running, or the step between tasks), and what a
+    failure report names."""
+
+    phase: str = "loading the config"
+    title: str = ""
+    mlflow_url: str = ""
+    notify: tuple[str | None, str | None] | None = None  # (webhook URL, block name) once the config is read
+
+
+def run_pipeline(
+    where: Where,
+    config: str | None = None,
+    overrides: list[str] | None = None,
+    fresh: bool = False,
+    start_from_champion: bool = False,
+    skip_unchanged: bool = False,
+) -> dict:
+    """The flow's body (``grpo_pipeline``'s arguments), saying in ``where`` which phase it is in."""
     from grpo_core.tracking.pipeline_run import (
         INPUTS_TAG,
         SCHEDULED_TAG,
@@ -103,6 +141,7 @@ def grpo_pipeline(
         open_pipeline_run,
         pipeline_key,
         record_results,
+        register_base_model,
         scheduled_inputs,
         uplift_line,
     )
@@ -110,7 +149,10 @@ def grpo_pipeline(
     log = get_run_logger()
     overrides = list(overrides or [])
     first = load_config(config, overrides)
+    where.notify = (first.tracking.notify_webhook_url, first.tracking.notify_block)
+    where.title = f"{first.trainer.project_name} / {first.trainer.experiment_name}"
     if start_from_champion:
+        where.phase = "reading the registry's champion"
         if (uri := current_champion(first)) is not None:
             overrides.append(f"actor_rollout_ref.model.path={uri}")
             log.info("starting from the registry's champion: %s", uri)
@@ -126,6 +168,7 @@ def grpo_pipeline(
     run_dir = Path(cfg.trainer.default_local_dir)
 
     data_dir = Path(cfg.data.train_files[0]).parent
+    where.phase = "prepare (the data)"
     data = unless_missing(prepare_gsm8k, *cfg.data.train_files, *cfg.data.val_files)(cfg.data.source, str(data_dir))
     log.info("data: %s in %s", ", ".join(f"{n} {split} rows" for split, n in data["rows"].items()), data_dir)
     eval_file = evaluation_file(cfg)
@@ -133,14 +176,16 @@ def grpo_pipeline(
     start = run.start_model.canonical if run.start_model else cfg.actor_rollout_ref.model.path
     inputs, changed = scheduled_inputs(cfg, start), ""
     if skip_unchanged:
+        where.phase = "comparing with the last scheduled run"
         last = last_scheduled_run(cfg)
         unchanged, changed = inputs_verdict(last, inputs)  # which of data, config and start model changed
         log.info(changed)
         if unchanged:
-            create_markdown_artifact(f"# GRPO pipeline: skipped\n\n{changed}\n", key="grpo-pipeline-report")
+            create_markdown_artifact(f"# GRPO pipeline: {where.title}: skipped\n\n{changed}\n", key=REPORT_KEY)
             flow_id = str(flow_run.id)
             return {"skipped": True, "reason": changed, "mlflow_run_id": last[0], "prefect_flow_run_id": flow_id}
 
+    where.phase = "opening the MLflow run"
     hold_run_dir(run_dir)  # from here on the run directory is written: one run at a time
     tags = {
         "prefect.flow_run_id": str(flow_run.id),
@@ -152,6 +197,7 @@ def grpo_pipeline(
     if run.start_model is not None:
         tags["grpo.start_model"] = run.start_model.canonical
     mlflow_run = open_pipeline_run(cfg, pipeline_key(cfg), tags, run_dir)
+    where.mlflow_url = "" if mlflow_run.is_deferred else f"{mlflow_run.shown_uri} run {mlflow_run.run_id}"
     log_pipeline_datasets(mlflow_run, cfg)  # the run page's Datasets panel: training and evaluation sets
     settings = settings_dict(EvalSettings.from_config(cfg))
     data_digest = dataset_digest([eval_file])  # the evaluation set's: a champion's evaluation is kept per set
@@ -160,28 +206,47 @@ def grpo_pipeline(
         eval_dirs["base"] = eval_dir(run.start_model, data_digest, settings)
 
     try:
+        where.phase = "evaluate base (the start model)"
         evaluate_base = unless_missing(evaluate_checkpoint, eval_dirs["base"] / METRICS_FILE)
         base = evaluate_base(cfg.actor_rollout_ref.model.path, eval_file, str(eval_dirs["base"]), settings)
         no_checkpoint = CheckpointManager.for_run(cfg.trainer).latest() is None
+        where.phase = "train"
         trained_run = train_task(cfg, refresh_cache=no_checkpoint)(config, overrides, mlflow_run.run_id)
         checkpoint = trained_run["checkpoint"]
+        where.phase = "evaluate trained (the checkpoint)"
         evaluate_trained = unless_missing(evaluate_checkpoint, eval_dirs["trained"] / METRICS_FILE, checkpoint)
         trained = evaluate_trained(checkpoint, eval_file, str(eval_dirs["trained"]), settings)
 
+        where.phase = "reading the registry's champion"
         champion, champion_known = None, True
         try:
             champion = champion_model(cfg) if cfg.tracking.log_model else None
         except RegistryUnreachable as e:  # an outage: train and evaluate anyway, never promote blind
             log.warning("%s: cannot compare with the champion; the new version will not be promoted", e)
             champion_known = False
+        champion_version = champion.version if champion else None
+        champion_tags = champion.tags if champion else None
+        if champion is None and champion_known and cfg.tracking.log_model:  # the first run of this registered model
+            where.phase = "registering the base model"
+            try:
+                registered = register_base_model(cfg, base, eval_dirs["base"])
+            except Exception as e:  # noqa: BLE001  (the trained model is still compared with the base, as before)
+                log.warning("the base model was not registered as the champion: %s", one_line(e))
+                registered = None
+            if registered is not None:
+                champion_version, champion_tags = registered
+                eval_dirs["champion"] = eval_dirs["base"]  # evaluated already, on the same questions
+                log.info("registered the base model as version %s, the champion to beat", champion_version)
         if champion is not None:  # the same questions and settings, once per champion version and evaluation set
             if judged := read_eval_set(eval_dirs["trained"]):
                 note = judge_note(champion.tags, eval_set_tags(judged), f"champion version {champion.version}")
                 log.info(note or f"the evaluation set is the one champion version {champion.version} was judged on")
             eval_dirs["champion"] = eval_dir(champion, data_digest, settings)
+            where.phase = f"evaluate champion (version {champion.version})"
             evaluate_champion = unless_missing(evaluate_checkpoint, eval_dirs["champion"] / METRICS_FILE)
             evaluate_champion(str(champion.path), eval_file, str(eval_dirs["champion"]), settings)
 
+        where.phase = "recording the results in MLflow"
         summary = record_results(
             mlflow_run,
             cfg,
@@ -190,16 +255,19 @@ def grpo_pipeline(
             checkpoint,
             eval_dirs,
             Path(checkpoint) / "hf",
-            champion_version=champion.version if champion else None,
+            champion_version=champion_version,
             champion_known=champion_known,
-            champion_tags=champion.tags if champion else None,
+            champion_tags=champion_tags,
         )
     except BaseException:
         mlflow_run.finish("FAILED")  # a re-run with the same key continues this run
         mlflow_run.close()
         raise
     report = markdown_report(summary, cfg)
-    create_markdown_artifact(report, key="grpo-pipeline-report", description="accuracy, uplift and throughput")
+    create_markdown_artifact(report, key=REPORT_KEY, description="accuracy, uplift, promotion and throughput")
+    if skip_unchanged and (why := regression(asdict(summary), cfg.tracking.champion_alpha)):
+        subject = f"GRPO pipeline {where.title}: flow run {flow_run.name}: regression, {why}"
+        send_notice(subject, f"{subject}\n\n{report}", *where.notify)
     mlflow_run.finish()
     mlflow_run.close()
     # one line, in the flow's log (a deployment's run shows the report as an artifact); `grpo pipeline` prints it in

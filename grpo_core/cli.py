@@ -295,10 +295,26 @@ def cmd_convert_gguf(args: argparse.Namespace) -> int:
     return 0
 
 
+PIPELINE_HELP = """prepare, evaluate the base model, train, evaluate the trained model, compare and register: the
+Prefect flow (flows/grpo_pipeline.py), tracked in MLflow.
+
+Where its data go:
+  Prefect  the flow run, its task runs, logs and report artifact: the server PREFECT_API_URL names, else Prefect's
+           ephemeral API, kept in $PREFECT_HOME/prefect.db (~/.prefect/prefect.db); see it with
+           `prefect server start` and the flow run's address printed at the end. Task results: $PREFECT_HOME/storage.
+  MLflow   the run (params, metrics, figures, datasets, the evaluated model) and the registry's versions and
+           aliases: tracking.mlflow_tracking_uri, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the
+           working directory (artifacts beside it in ./mlruns); see it with `mlflow ui`.
+  files    data.train_files' directory (the prepared data) and trainer.default_local_dir (checkpoints,
+           evaluations, plots, launch/ logs).
+"""
+
+
 def cmd_pipeline(args: argparse.Namespace) -> int:
     """The Prefect flow in this process: Prefect's ephemeral API unless PREFECT_API_URL names a server."""
     from grpo_core.config.validate import MISSING_DATA
     from grpo_core.preflight import prefect_api_problem
+    from grpo_core.tracking.report import prefect_flow_run_where
     from grpo_core.trainer.dry_run import print_notes_and_warnings, resolve_run
 
     run = resolve_run(args.config, args.overrides)
@@ -356,7 +372,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
     where = [
         ("MLflow run", summary["mlflow_url"]),
-        ("Prefect flow run", f"{summary['prefect_flow_run_id']} (prefect flow-run inspect ID)"),
+        ("Prefect flow run", prefect_flow_run_where(summary["prefect_flow_run_id"])),
         ("checkpoint", describe_checkpoint(summary["checkpoint"])),  # what the run wrote, and how large
         ("model version", f"{summary['model_version'] or '-'} ({summary['promotion'] or 'not registered'})"),
     ]
@@ -571,7 +587,10 @@ def build_parser() -> argparse.ArgumentParser:
     gguf.set_defaults(func=cmd_convert_gguf)
 
     pipeline = sub.add_parser(
-        "pipeline", help="prepare, evaluate, train, evaluate: the Prefect flow, tracked in MLflow"
+        "pipeline",
+        help="prepare, evaluate, train, evaluate: the Prefect flow, tracked in MLflow",
+        description=PIPELINE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _config_arguments(pipeline)
     pipeline.add_argument("--fresh", action="store_true", help="train in a new directory instead of reusing results")

@@ -6,6 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
 
 from grpo_core.data.lineage import file_sha256
 from grpo_core.evaluation.gsm8k import EvalProgress
@@ -52,6 +53,8 @@ def evaluate_checkpoint(model: str, data_file: str, out_dir: str, settings: dict
     rate = result.response_tokens / max(result.elapsed_s, 1e-9)
     accuracy = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if k.startswith("accuracy"))
     log.info("evaluate %s: %s (%.0f tokens/s)", name, accuracy, rate)
+    table = [{"measure": k, "value": round(v, 6)} for k, v in {**result.metrics, "tokens_per_s": rate}.items()]
+    create_table_artifact(table, key="grpo-evaluation", description=f"GSM8K evaluation of {model} on {data_file}")
     return {**result.metrics, "tokens_per_s": rate}
 
 

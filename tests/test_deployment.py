@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config.load import load_config, to_yaml
+from grpo_core.tracking.pipeline_run import HEADLINE_METRICS
+from grpo_core.tracking.registry import RegistryError, fetch_model
 from tests.conftest import REPO
 from tests.support.servers import mlflow_server, prefect_env, prefect_server
 from tests.support.tiny import TOKENIZER, tiny_model_dir
+from tests.test_notify import flow_run_artifacts
 from tests.test_pipeline import pipeline_overrides
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
@@ -68,6 +71,53 @@ def test_deploy_run_by_a_worker_lands_in_the_mlflow_server(tmp_path):
             "perf/throughput",
         } <= run.data.metrics.keys()
         assert [m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")] == [1, 2]
+        run_id, metrics = run.info.run_id, run.data.metrics
+
+        # Issue 44: MLflow's model-training view with the results in front: the experiment's kind, the report as
+        # the run's description, the headline numbers as metrics and the figures.
+        experiment = client.get_experiment_by_name("pipeline_test")
+        assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+        assert set(HEADLINE_METRICS) <= metrics.keys()
+        assert metrics["uplift"] == pytest.approx(metrics["val/accuracy_uplift"])
+        assert metrics["tokens_per_s_per_gpu"] == pytest.approx(metrics["perf/throughput_mean"])
+        note = run.data.tags["mlflow.note.content"]
+        uplift = f"**{metrics['uplift']:+.4f}** [{metrics['uplift_ci95_low']:+.4f}, {metrics['uplift_ci95_high']:+.4f}]"
+        assert uplift in note and "**Promotion:** uplift" in note and "| training data digest | `" in note
+        figures = {a.path for a in client.list_artifacts(run_id, "figures")}
+        assert figures == {"figures/reward_and_format_rate.png", "figures/before_after.png"}
+        # a champion from the first run: the base model, version 1, with its evaluation; the trained model is
+        # version 2, the challenger (no significant gain over it)
+        base = client.get_model_version_by_alias("pipeline_test", "champion")
+        assert str(base.version) == "1" and base.tags["grpo.base_model"] == str(model)
+        assert "grpo.checkpoint_manifest_sha256" not in base.tags and "grpo.eval.accuracy_strict" in base.tags
+        trained = client.get_model_version_by_alias("pipeline_test", "challenger")
+        assert str(trained.version) == "2" and trained.run_id == run_id
+        assert trained.tags["grpo.compared_with"] == "champion version 1 (the base model)"
+        # a warm start from models:/NAME@champion reads the base version's files, checked against its digest
+        champion = fetch_model("models:/pipeline_test@champion", mlflow_uri, str(tmp_path / "cache"))
+        assert champion.canonical == "models:/pipeline_test/1" and champion.tags["grpo.base_model"] == str(model)
+        assert (champion.path / "config.json").read_text() == (model / "config.json").read_text()
+        (champion.path / "config.json").write_text("{}")  # changed in the cache: refused, as any version's would be
+        with pytest.raises(RegistryError, match="are not those it was registered with"):
+            fetch_model("models:/pipeline_test@champion", mlflow_uri, str(tmp_path / "cache"))
+
+        # Issue 38: the flow run's report (markdown) and the prepare and evaluate tasks' tables, through Prefect's
+        # client
+        _, artifacts = flow_run_artifacts(api, flow_run_id)
+        (report,) = [a for a in artifacts if a.type == "markdown"]
+        assert report.key == "grpo-pipeline-report" and report.data == note  # the same text as the description
+        assert f"[{run_id}]({mlflow_uri}/#/experiments/{experiment.experiment_id}/runs/{run_id})" in report.data
+        assert f"[2]({mlflow_uri}/#/models/pipeline_test/versions/2)" in report.data
+        tables = {}
+        for artifact in artifacts:
+            if artifact.type == "table":
+                rows = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+                tables.setdefault(artifact.key, []).append(rows)
+        assert sorted(tables) == ["grpo-data", "grpo-evaluation"] and len(tables["grpo-evaluation"]) == 2
+        (data,) = tables["grpo-data"]
+        assert {(r["split"], r["rows"], len(r["digest"])) for r in data} == {("train", 256, 32), ("test", 128, 32)}
+        measures = {r["measure"]: r["value"] for table in tables["grpo-evaluation"] for r in table}
+        assert {"accuracy_strict", "num_questions", "tokens_per_s"} <= measures.keys()
 
 
 def metrics_rows(run_dir: Path) -> list[dict]:

@@ -45,6 +45,7 @@ def pipeline_overrides(root: Path, model: Path, tracking_uri: str) -> list[str]:
         "evaluation.max_new_tokens=8",
         "evaluation.batch_size=8",
         f"tracking.mlflow_tracking_uri={tracking_uri}",
+        f"tracking.model_cache_dir={root / 'models'}",  # a registry version's local copy (the base, champion)
         "tracking.champion_min_uplift=-1",  # any uplift is enough; promotion then hangs on the paired test alone
     ]
 
@@ -82,10 +83,11 @@ def lineage_on_the_server(client, run, data_dir: Path):
     assert metrics["val/accuracy"].value == run.data.metrics["val/accuracy"]
     assert "config.json" in {a.path for a in client.list_logged_model_artifacts(model.model_id)}
 
-    (version,) = client.search_model_versions("name = 'pipeline_test'")
-    assert version.source == f"models:/{model.model_id}" and version.run_id == run_id
+    (version,) = client.search_model_versions(f"name = 'pipeline_test' and run_id = '{run_id}'")
+    assert version.source == f"models:/{model.model_id}"
     assert version.tags["grpo.train_data_digest"] == train
-    assert json.loads(model.tags["mlflow.modelVersions"]) == [{"name": "pipeline_test", "version": 1}]
+    listed = [{"name": "pipeline_test", "version": int(version.version)}]
+    assert json.loads(model.tags["mlflow.modelVersions"]) == listed
     return model
 
 
@@ -189,12 +191,20 @@ def test_pipeline_runs_on_the_ephemeral_api_and_a_rerun_is_served_from_its_resul
     records = [json.loads(line) for line in Path(samples).read_text().splitlines()]
     assert len(records) == 4 and {"question", "response", "gold", "correct_strict"} <= records[0].keys()
     model = lineage_on_the_server(client, run, tmp_path / "data")  # datasets, logged model, its version
-    # the registry: version 1; a random model gains nothing significant over its base: challenger, and says why
+    # the registry: the base model is version 1, the champion from the first run on (issue 44), with its evaluation;
+    # a random model gains nothing significant over it: version 2 is the challenger, and says why
+    base = client.get_model_version_by_alias("pipeline_test", "champion")
+    assert str(base.version) == "1" and base.tags["grpo.base_model"] == str(tiny_model) and base.run_id in (None, "")
+    assert base.tags["grpo.eval.questions"] == "4" and "grpo.eval.accuracy_strict" in base.tags
     version = client.get_model_version_by_alias("pipeline_test", "challenger")
-    assert str(version.version) == "1" and version.tags["grpo.promotion"] == "challenger"
+    assert str(version.version) == "2" and version.tags["grpo.promotion"] == "challenger"
     tags = version.tags
-    assert tags["grpo.compared_with"] == "the base model" and "may be noise" in tags["grpo.promotion_reason"]
+    assert tags["grpo.compared_with"] == "champion version 1 (the base model)"
+    assert "may be noise" in tags["grpo.promotion_reason"] and "the champion stays" in tags["grpo.promotion_reason"]
     assert "promotion: uplift" in first.stdout
+    # the ephemeral API: where the flow run is kept, and the one command that shows it
+    kept = f"kept in {tmp_path / 'prefect' / 'prefect.db'}; to see it and its report: `prefect server start`, then "
+    assert kept in first.stdout, first.stdout[-3000:]
 
     # A second run with the same inputs: every task is served from its persisted result; no new MLflow run.
     train_log = tmp_path / "run" / "launch" / "node0.log"
@@ -206,7 +216,7 @@ def test_pipeline_runs_on_the_ephemeral_api_and_a_rerun_is_served_from_its_resul
     assert misleading_lines(second.stdout + second.stderr) == [], second.stderr[-5000:]
     assert (train_log.stat().st_mtime_ns, (tmp_path / "run" / "metrics.jsonl").read_text()) == before
     assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [run_id]
-    assert len(client.search_model_versions("name = 'pipeline_test'")) == 1  # the re-run found its version
+    assert len(client.search_model_versions("name = 'pipeline_test'")) == 2  # the re-run found its version
     assert lineage_on_the_server(client, client.get_run(run_id), tmp_path / "data").model_id == model.model_id  # once
 
     compare = grpo("compare", "--tracking-uri", uri, "--experiment", "pipeline_test", env=env, cwd=tmp_path)
@@ -308,6 +318,12 @@ def test_a_tracking_server_down_at_the_start_loses_nothing_once_synced(tmp_path,
             assert [v for _, v in history] == pytest.approx([v for _, v in expected], nan_ok=True), name
         assert {"val/accuracy_uplift", "eval/trained/num_questions"} <= remote.data.metrics.keys()
         assert {a.path for a in client.list_artifacts(run_id, "plots")} >= {"plots/reward.png"}
+        # the figures, saved while the server was away, and the experiment made by the sync: model training
+        figures = {a.path for a in client.list_artifacts(run_id, "figures")}
+        assert figures == {"figures/reward_and_format_rate.png", "figures/before_after.png"}
+        experiment = client.get_experiment_by_name("pipeline_test")
+        assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+        assert "**Promotion:** uplift" in remote.data.tags["mlflow.note.content"]
         model = lineage_on_the_server(client, remote, tmp_path / "data")  # made at sync time, as when online
         # registered as the queue said; never promoted without reading the registry's champion
         version = client.get_model_version_by_alias("pipeline_test", "challenger")

@@ -138,7 +138,7 @@ def test_first_run_champion_then_noise_is_challenger_then_a_real_gain_is_promote
         3: [True] * 20,  # +6 over champion v1, none worse: p = 0.031, champion
     }
     sets = {1: eval_set("a"), 2: eval_set("a"), 3: eval_set("b")}  # the third run's questions are others
-    cached = {}
+    cached, mlflow_runs = {}, {}
     with mlflow_server(tmp_path / "mlflow") as uri:
         client = MlflowClient(uri)
         outcomes = {}
@@ -189,6 +189,23 @@ def test_first_run_champion_then_noise_is_challenger_then_a_real_gain_is_promote
             champion_now = client.get_model_version_by_alias("promotion_test", "champion").version
             version = client.get_model_version("promotion_test", summary.model_version)
             outcomes[i] = (summary.promotion, str(champion_now), version.tags, markdown_report(summary, cfg))
+            mlflow_runs[i] = client.get_run(run.run_id)
+        experiment = client.get_experiment_by_name("promotion_test")
+        figures = {a.path for a in client.list_artifacts(mlflow_runs[1].info.run_id, "figures")}
+
+    # issue 44: MLflow's model-training view, the report as the run's description, the headline numbers as metrics
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    first = mlflow_runs[1].data
+    assert first.tags["mlflow.note.content"] == outcomes[1][3]  # the same text as the Prefect artifact
+    assert "**+0.5000** [" in first.tags["mlflow.note.content"] and "promoted to champion" in outcomes[1][3]
+    assert {k: first.metrics[k] for k in ("accuracy_before", "accuracy_after", "uplift")} == pytest.approx(
+        {"accuracy_before": 0.2, "accuracy_after": 0.7, "uplift": 0.5}
+    )
+    assert first.metrics["uplift_ci95_low"] < 0.5 < first.metrics["uplift_ci95_high"]
+    assert first.metrics["uplift_p_value"] == pytest.approx(0.001953, abs=1e-6)
+    assert first.metrics["format_rate_before"] == first.metrics["format_rate_after"] == 1.0
+    assert "tokens_per_s_per_gpu" in first.metrics
+    assert figures == {"figures/reward_and_format_rate.png", "figures/before_after.png"}
 
     promotion, champion_now, tags, report = outcomes[1]
     assert (promotion, champion_now) == ("champion", "1")

@@ -486,6 +486,15 @@ class TrackingConfig:
         1, "the pipeline's train task: retries after a crash or a hang, each resuming from the last checkpoint"
     )
     train_retry_delay_s: float = setting(30.0, "the pipeline's train task: seconds before a retry")
+    notify_webhook_url: str | None = setting(
+        None,
+        "a webhook URL (Slack, Teams, any HTTP endpoint) the pipeline posts one notice to when a run fails or a "
+        "scheduled run's challenger is worse than the champion with p < champion_alpha; a secret (shown as ***): "
+        "write ${oc.env:NAME} to keep it off command lines",
+    )
+    notify_block: str | None = setting(
+        None, "the same notice through a saved Prefect notification block, TYPE/NAME (e.g. slack-webhook/ml-alerts)"
+    )
 
 
 @dataclass

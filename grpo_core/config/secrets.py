@@ -37,6 +37,7 @@ SECRET_NAMES = {
     r"_pat_$": "a personal access token: MY_PAT, GITHUB_PAT",
     r"credential": "GOOGLE_APPLICATION_CREDENTIALS",
     r"cookie": "SESSION_COOKIE",
+    r"webhook": "a webhook URL, whose path is often its token: tracking.notify_webhook_url, SLACK_WEBHOOK",
 }
 _SECRET_NAME = re.compile("|".join(f"(?:{pattern})" for pattern in SECRET_NAMES))
 _REFERENCE = re.compile(r"\$\{oc\.env:[A-Za-z_][A-Za-z0-9_]*\}")  # a value read from the environment
@@ -127,7 +128,10 @@ def env_by_reference(overrides: Sequence[str]) -> list[str]:
 
 def into_environment(overrides: Sequence[str], environ: dict) -> list[str]:
     """``env_by_reference(overrides)``, with the values it leaves out set in ``environ``: this process's, for
-    what it starts (the pipeline's flow, whose parameters Prefect keeps in its database, gets the references)."""
+    what it starts (the pipeline's flow, whose parameters Prefect keeps in its database, gets the references).
+    A secret setting outside ``trainer.env`` (``tracking.notify_webhook_url``) goes the same way, into
+    ``GRPO_<KEY>`` (``GRPO_TRACKING_NOTIFY_WEBHOOK_URL``), which the config reads back through the reference."""
+    overrides = [_by_reference(word, environ) for word in overrides]
     for word in overrides:
         key, sep, value = word.partition("=")
         name = key.lstrip("+")
@@ -136,6 +140,17 @@ def into_environment(overrides: Sequence[str], environ: dict) -> list[str]:
         elif sep and name == ENV_SECTION and isinstance(values := _parsed(value), dict):
             environ.update({str(k): str(v) for k, v in values.items()})
     return env_by_reference(overrides)
+
+
+def _by_reference(word: str, environ: dict) -> str:
+    """``word``, when it sets a secret outside ``trainer.env``, as a reference to the variable now holding it."""
+    key, sep, value = word.partition("=")
+    name = key.lstrip("+")
+    if not sep or not is_secret(name) or name.startswith(ENV_SECTION + ".") or _REFERENCE.fullmatch(value):
+        return word
+    variable = "GRPO_" + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
+    environ[variable] = str(_parsed(value))
+    return f"{key}=${{oc.env:{variable}}}"
 
 
 def _parsed(value: str) -> Any:

@@ -770,6 +770,9 @@ def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
     _check_launch(cfg, r)
     if not 0 < cfg.tracking.champion_alpha <= 1:
         r.errors.append(f"tracking.champion_alpha={cfg.tracking.champion_alpha} must be in (0, 1]")
+    from grpo_core.tracking.notify import target_problems  # (a leaf module: no import of the tracking package's)
+
+    r.errors += target_problems(cfg.tracking.notify_webhook_url, cfg.tracking.notify_block)
     for key in ("train_retries", "train_retry_delay_s"):
         if (value := getattr(cfg.tracking, key)) < 0:
             r.errors.append(f"tracking.{key}={value} must be >= 0")

@@ -38,6 +38,9 @@ REJECTED = {
     "INVALID_STATE",
     "PERMISSION_DENIED",
 }
+# MLflow 3 opens an experiment in its GenAI view (traces, judges) unless told it is model training: then the runs
+# table, metrics and charts come first. Set when the project creates an experiment or first uses one.
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 MAX_PARAMS_PER_BATCH = 100  # MLflow's limit per log_batch
 MAX_PARAM_LENGTH = 6000
 
@@ -58,13 +61,22 @@ def deferred_run_id(experiment: str, key: str) -> str:
     return f"{DEFERRED}{key}:{experiment}"
 
 
+def training_experiment(client, name: str) -> str:
+    """The id of experiment ``name``, created if missing, tagged as model training (``EXPERIMENT_KIND_TAG``) unless
+    someone chose another kind for it."""
+    found = client.get_experiment_by_name(name)
+    experiment_id = found.experiment_id if found else client.create_experiment(name)
+    if found is None or EXPERIMENT_KIND_TAG not in (found.tags or {}):
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+    return experiment_id
+
+
 def resolve_run_id(client, run_id: str) -> str:
     """A deferred id as the real one: the run in its experiment tagged with its key, else a new run."""
     if not run_id.startswith(DEFERRED):
         return run_id
     key, experiment = run_id[len(DEFERRED) :].split(":", 1)
-    found = client.get_experiment_by_name(experiment)
-    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    experiment_id = training_experiment(client, experiment)
     runs = client.search_runs([experiment_id], f"tags.`{KEY_TAG}` = '{key}'", max_results=1)
     if runs:
         return runs[0].info.run_id
@@ -143,8 +155,7 @@ class MlflowRun:
         from mlflow import MlflowClient
 
         client = MlflowClient(tracking_uri)
-        found = client.get_experiment_by_name(experiment)
-        experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+        experiment_id = training_experiment(client, experiment)
         run = client.create_run(experiment_id, run_name=run_name, tags=tags or {})
         return cls(tracking_uri, run.info.run_id, **kw)
 
@@ -193,6 +204,20 @@ class MlflowRun:
             method,
             {"local_dir" if method == "log_artifacts" else "local_path": str(path), "artifact_path": artifact_path},
         )
+
+    def log_figure(self, figure, artifact_file: str) -> None:
+        """A matplotlib figure as the artifact ``artifact_file``, with ``MlflowClient.log_figure`` when the server
+        takes calls now; else saved beside the pending file and queued as that file (the same artifact later)."""
+        if not self.is_deferred and self.flush():
+            try:
+                self.client.log_figure(self.run_id, figure, artifact_file)
+                return
+            except Exception as e:  # noqa: BLE001  (the server went away since the flush: queue the file)
+                logger.warning("MLflow at %s did not take a figure (%s); queueing it", self.shown_uri, _short(e))
+        where = Path(self.pending_file.parent if self.pending_file else ".") / artifact_file
+        where.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(where)
+        self.log_artifact(where, str(Path(artifact_file).parent) if "/" in artifact_file else None)
 
     def set_status(self, status: str) -> None:
         self._send("update_run", {"status": status})

@@ -34,10 +34,28 @@ from grpo_core.tracking.lineage import (
     digest_tags,
     logged_model_name,
 )
-from grpo_core.tracking.mlflow_run import KEY_TAG, MlflowRun, quick_http, tracking_uri
-from grpo_core.tracking.plots import Curves, eval_points, plot_curves, plot_run
-from grpo_core.tracking.promotion import BASE_MODEL, CHALLENGER, Promotion, decide, eval_set_tags, judge_note
-from grpo_core.tracking.registry import provenance_tags
+from grpo_core.tracking.mlflow_run import KEY_TAG, MlflowRun, quick_http, tracking_uri, training_experiment
+from grpo_core.tracking.plots import (
+    Curves,
+    before_after_figure,
+    close_figure,
+    eval_points,
+    plot_curves,
+    plot_run,
+    reward_and_format_figure,
+)
+from grpo_core.tracking.promotion import (
+    BASE_MODEL,
+    BASE_TAG,
+    CHALLENGER,
+    CHAMPION,
+    Promotion,
+    decide,
+    eval_set_tags,
+    judge_note,
+)
+from grpo_core.tracking.registry import MODEL_DIGEST_TAG, files_digest, provenance_tags
+from grpo_core.tracking.report import pipeline_report, uplift_text
 from grpo_core.tracking.sync import PENDING_FILE
 
 logger = logging.getLogger(__name__)
@@ -169,10 +187,10 @@ def _found_run(uri: str, experiment_name: str, key: str, pending: Path) -> Mlflo
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(experiment_name)
-    if experiment is None:
+    if client.get_experiment_by_name(experiment_name) is None:
         return None
-    found = client.search_runs([experiment.experiment_id], f"tags.`{KEY_TAG}` = '{key}'", max_results=1)
+    experiment_id = training_experiment(client, experiment_name)  # first used by the project: tagged now
+    found = client.search_runs([experiment_id], f"tags.`{KEY_TAG}` = '{key}'", max_results=1)
     return MlflowRun(uri, found[0].info.run_id, pending_file=pending) if found else None
 
 
@@ -186,11 +204,14 @@ def run_url(run: MlflowRun) -> str:
     if info is None:
         where = run.pending_file.parent if run.pending_file else "RUN_DIR"
         return f"not sent yet: MLflow at {run.shown_uri} is unreachable (`grpo tracking sync {where}` sends it)"
-    path = f"#/experiments/{info.experiment_id}/runs/{run.run_id}"
-    uri = run.shown_uri
-    if uri.startswith(("http://", "https://")):
-        return f"{uri.rstrip('/')}/{path}"
-    return f"`mlflow ui --backend-store-uri {uri}` then http://127.0.0.1:5000/{path}"
+    return ui_url(run.shown_uri, f"#/experiments/{info.experiment_id}/runs/{run.run_id}")
+
+
+def ui_url(shown_uri: str, path: str) -> str:
+    """``path`` in the MLflow UI of tracking URI ``shown_uri`` (for a local store: the UI to start, then the link)."""
+    if shown_uri.startswith(("http://", "https://")):
+        return f"{shown_uri.rstrip('/')}/{path}"
+    return f"`mlflow ui --backend-store-uri {shown_uri}` then http://127.0.0.1:5000/{path}"
 
 
 def evaluation_file(cfg: GRPOConfig) -> str:
@@ -245,6 +266,27 @@ class PipelineSummary:
     mlflow_run_id: str = ""
     mlflow_url: str = ""
     moved: list[str] = field(default_factory=list)  # what_moved's lines
+    format_rate: tuple[float, float] = (0.0, 0.0)  # the share of `#### N` answers, base and trained (evaluation)
+    data_digests: dict[str, str] = field(default_factory=dict)  # context (training, evaluation) -> dataset digest
+    model_version_url: str = ""
+    compared_with: str = ""  # what the promotion compared the model with, and the result (notify.regression)
+    compared_uplift: float | None = None
+    compared_p_value: float | None = None
+
+
+# The headline numbers, as metrics named to read in the runs table and MLflow's run comparison (no prefix).
+HEADLINE_METRICS = (
+    "accuracy_before",
+    "accuracy_after",
+    "uplift",
+    "uplift_ci95_low",
+    "uplift_ci95_high",
+    "uplift_p_value",
+    "format_rate_before",
+    "format_rate_after",
+    "tokens_per_s_per_gpu",
+)
+NOTE_TAG = "mlflow.note.content"  # the run's description on its page
 
 
 def _mean(values: list[float]) -> float:
@@ -290,6 +332,8 @@ def record_results(
         mlflow_run_id=run.run_id,
     )
     summary.moved = what_moved(cfg, rows, records, paired)
+    summary.format_rate = format_rates(records)[:2]
+    summary.data_digests = {k: d["digest"] for k, d in pipeline_datasets(cfg).items() if d is not None}
     run.log_metrics(
         {
             "val/accuracy_baseline": summary.accuracy_baseline,
@@ -316,6 +360,7 @@ def record_results(
     plots.append(plot_curves([Curves(cfg.trainer.experiment_name, reward, accuracy)], plots_dir / "curves.png"))
     for path in plots:
         run.log_artifact(path, "plots")
+    log_figures(run, rows, summary)
     for name, directory in eval_dirs.items():
         run.log_artifact(directory, f"eval/{name}")
     if model_dir is not None and cfg.tracking.log_model:
@@ -329,10 +374,50 @@ def record_results(
         )
         summary.champion, summary.promotion = promotion.promoted, promotion.alias
         summary.promotion_reason = promotion.reason
+        summary.compared_with = promotion.against
+        summary.compared_uplift, summary.compared_p_value = promotion.uplift, promotion.p_value
         run.set_tags(promotion.tags())
+        if summary.model_version and summary.model_version != "pending":
+            name = cfg.tracking.registered_model_name or cfg.trainer.project_name
+            summary.model_version_url = ui_url(run.shown_uri, f"#/models/{name}/versions/{summary.model_version}")
     summary.mlflow_url = run_url(run)
-    run.set_tags({"grpo.steps": str(steps), "grpo.champion": str(summary.champion).lower()})
+    run.log_metrics(headline_metrics(summary), step=steps)
+    report = pipeline_report(asdict(summary), f"{cfg.trainer.project_name} / {cfg.trainer.experiment_name}", metric)
+    run.set_tags({"grpo.steps": str(steps), "grpo.champion": str(summary.champion).lower(), NOTE_TAG: report})
     return summary
+
+
+def headline_metrics(summary: PipelineSummary) -> dict[str, float]:
+    """``HEADLINE_METRICS`` of a summary: what a person compares runs by."""
+    low, high = summary.uplift_ci95
+    values = (
+        summary.accuracy_baseline,
+        summary.accuracy,
+        summary.accuracy_uplift,
+        low,
+        high,
+        summary.uplift_p_value,
+        *summary.format_rate,
+        summary.throughput,
+    )
+    return dict(zip(HEADLINE_METRICS, values, strict=True))
+
+
+def log_figures(run: MlflowRun, rows: list[dict], summary: PipelineSummary) -> None:
+    """The run page's figures (``figures/``): reward and format rate per step, and accuracy and format rate
+    before and after with their intervals."""
+    n = max(summary.questions, 1)
+    before = {"accuracy": (summary.accuracy_baseline, n), "format rate": (summary.format_rate[0], n)}
+    after = {"accuracy": (summary.accuracy, n), "format rate": (summary.format_rate[1], n)}
+    title = f"GSM8K before and after training: accuracy uplift {uplift_text(asdict(summary))}"
+    for name, figure in (
+        ("reward_and_format_rate.png", reward_and_format_figure(rows)),
+        ("before_after.png", before_after_figure(before, after, title)),
+    ):
+        try:
+            run.log_figure(figure, f"figures/{name}")
+        finally:
+            close_figure(figure)
 
 
 def log_evaluated_checkpoint(
@@ -357,6 +442,8 @@ def promotion_of(
     judged on (its tags ``champion_tags``)."""
     if champion_version is not None:
         against, opponent = f"champion version {champion_version}", eval_dirs["champion"]
+        if BASE_TAG in champion_tags:
+            against += " (the base model)"
     else:
         against, opponent = BASE_MODEL, eval_dirs["base"]
     comparison = compare_evaluations(opponent, eval_dirs["trained"], cfg.evaluation.metric)
@@ -409,6 +496,59 @@ def register_model(
     return version or "pending", promotion
 
 
+def register_base_model(cfg: GRPOConfig, base: dict, base_eval: Path) -> tuple[str, dict[str, str]] | None:
+    """The first pipeline run of a registered model: the base model (``actor_rollout_ref.model.path``, a directory
+    or a hub id, whose local snapshot is used) as a version, the ``champion`` to beat, so ``models:/NAME@champion``
+    resolves from the first run on. Its files are a logged model's (a warm start downloads them like any version's,
+    checked against its ``grpo.model_sha256``); its tags say it is the base (``BASE_TAG``: where it came from) and
+    hold its evaluation (``base``: its metrics; ``base_eval``: the set that judged it). (version, tags); None when
+    the registered model has versions already. Needs the server (the flow calls it once it has read the registry)."""
+    from mlflow import MlflowClient
+    from mlflow.entities import LoggedModelStatus
+    from mlflow.exceptions import MlflowException
+
+    from grpo_core.tracking.lineage import link_version
+    from grpo_core.tracking.mlflow_run import default_tracking_uri
+
+    quick_http()
+    uri, name = tracking_uri(cfg), cfg.tracking.registered_model_name or cfg.trainer.project_name
+    client = MlflowClient(uri, registry_uri=uri)
+    if client.search_model_versions(f"name = '{name}'", max_results=1):
+        return None
+    source = cfg.actor_rollout_ref.model.path
+    files = Path(source) if Path(source).is_dir() else Path(_hub_snapshot(source))
+    reason = "the base model: the first pipeline run registers it as the champion a trained model has to beat"
+    tags = {
+        BASE_TAG: source,
+        "grpo.promotion": CHAMPION,
+        "grpo.promotion_reason": reason,
+        MODEL_DIGEST_TAG: files_digest(files),
+        **{f"grpo.eval.{k}": f"{v:.6g}" for k, v in base.items() if isinstance(v, int | float)},
+        **(eval_set_tags(judged) if (judged := read_eval_set(base_eval)) else {}),
+    }
+    experiment_id = training_experiment(client, cfg.trainer.project_name)
+    with default_tracking_uri(uri):
+        model = client.create_logged_model(experiment_id, name="base_model", tags={BASE_TAG: source})
+        client.log_model_artifacts(model.model_id, str(files))
+        client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+        try:
+            client.create_registered_model(name)
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        version = client.create_model_version(name, f"models:/{model.model_id}", tags=tags, model_id=model.model_id)
+        link_version(client, model.model_id, name, version.version)
+        client.set_registered_model_alias(name, CHAMPION, version.version)
+    return str(version.version), tags
+
+
+def _hub_snapshot(repo_id: str) -> str:
+    """The local copy of a hub model the base evaluation has just read (no download)."""
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(repo_id, local_files_only=True)
+
+
 def registered_version(client, name: str, run_id: str) -> tuple[str, Promotion] | None:
     """The version this MLflow run registered earlier, with the promotion its tags record; None if none."""
     try:
@@ -425,11 +565,7 @@ def what_moved(cfg: GRPOConfig, rows: list[dict], records: dict[str, list[dict]]
     questions (paired), and the training reward of the first step against the last, each with its interval,
     sample count and whether it moved at all."""
     lines = []
-    fmt = paired_uplift(*paired_outcomes(records["base"], records["trained"], "format_ok"))
-    before, after = (
-        (fmt["both"] + fmt["only_base"]) / max(fmt["n"], 1),
-        (fmt["both"] + fmt["only_trained"]) / max(fmt["n"], 1),
-    )
+    before, after, fmt = format_rates(records)
     lines.append(
         f"format rate (`#### N` answers, eval): {before:.3f} -> {after:.3f}, {format_uplift(fmt)}: {verdict(fmt)}"
     )
@@ -451,40 +587,20 @@ def what_moved(cfg: GRPOConfig, rows: list[dict], records: dict[str, list[dict]]
     return lines
 
 
+def format_rates(records: dict[str, list[dict]]) -> tuple[float, float, dict]:
+    """The share of answers in the expected format, base and trained, on the same questions, and their paired
+    comparison."""
+    fmt = paired_uplift(*paired_outcomes(records["base"], records["trained"], "format_ok"))
+    n = max(fmt["n"], 1)
+    return (fmt["both"] + fmt["only_base"]) / n, (fmt["both"] + fmt["only_trained"]) / n, fmt
+
+
 def uplift_line(summary: PipelineSummary | dict) -> str:
     """The summary's uplift as ``format_uplift`` writes it (the summary, or the flow's dict of it)."""
-    s = summary if isinstance(summary, dict) else asdict(summary)
-    low, high = s["uplift_ci95"]
-    result = {"uplift": s["accuracy_uplift"], "ci_low": low, "ci_high": high, "p_value": s["uplift_p_value"]}
-    return format_uplift({**result, "n": s["questions"]})
+    return uplift_text(summary if isinstance(summary, dict) else asdict(summary))
 
 
 def markdown_report(summary: PipelineSummary, cfg: GRPOConfig) -> str:
-    """The table a person reads first (the Prefect artifact, the CLI's closing lines)."""
-    metric = cfg.evaluation.metric.replace("accuracy_", "")
-    s = asdict(summary)
-    outcome = f" ({summary.promotion})" if summary.promotion else ""
-    lines = [
-        f"# GRPO pipeline: {cfg.trainer.project_name} / {cfg.trainer.experiment_name}",
-        "",
-        "| | value |",
-        "|---|---|",
-        f"| base model accuracy (GSM8K, {metric}) | {s['accuracy_baseline']:.4f} |",
-        f"| trained model accuracy | {s['accuracy']:.4f} |",
-        f"| **accuracy uplift** (95% CI, exact McNemar p) | **{uplift_line(summary)}** |",
-        f"| throughput (tokens/s per GPU, mean) | {s['throughput']:.1f} |",
-        f"| step time (s, mean) | {s['step_seconds']:.1f} |",
-        f"| steps | {s['steps']} |",
-        f"| checkpoint | `{s['checkpoint']}` |",
-        f"| model version | {s['model_version'] or '-'}{outcome} |",
-        f"| promotion | {s['promotion_reason'] or '-'} |",
-        f"| MLflow run | {s['mlflow_url']} |",
-    ]
-    if summary.moved:
-        lines += [
-            "",
-            "What moved (95% intervals; p: exact McNemar for the paired evaluations, Welch for the reward):",
-            "",
-        ]
-        lines += [f"- {line}" for line in summary.moved]
-    return "\n".join(lines) + "\n"
+    """The report a person reads first (the Prefect artifact, the MLflow run's description): report.py's."""
+    title = f"{cfg.trainer.project_name} / {cfg.trainer.experiment_name}"
+    return pipeline_report(asdict(summary), title, cfg.evaluation.metric)

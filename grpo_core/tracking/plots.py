@@ -127,3 +127,44 @@ def eval_points(base: float, trained: float, questions: int, last_step: int) -> 
         (step, value, *wilson_interval(round(value * questions), questions))
         for step, value in ((0, base), (last_step, trained))
     ]
+
+
+def reward_and_format_figure(rows: list[dict]):
+    """The training curves the run page shows first: mean reward and the answer-format rate per step (a Figure,
+    for ``MlflowClient.log_figure``; close it with ``close_figure``)."""
+    plt, fig, (ax,) = _figure()
+    for key, label in (("reward/mean", "mean reward"), ("reward/format_rate", "format rate (`#### N` answers)")):
+        if any(key in r for r in rows):
+            ax.plot(*_series(rows, key), marker=".", label=label)
+    step_axis(ax, [r["step"] for r in rows])
+    _finish(ax, "Reward and format rate per GRPO step", "per sample")
+    fig.tight_layout()
+    return fig
+
+
+def before_after_figure(before: dict[str, tuple[float, int]], after: dict[str, tuple[float, int]], title: str):
+    """Each measure (name -> (rate, questions)) before and after training, side by side with its 95% Wilson
+    interval as an error bar: a gain whose bars overlap may be noise."""
+    from grpo_core.evaluation.stats import wilson_interval
+
+    plt, fig, (ax,) = _figure()
+    names = list(before)
+    for i, (label, values) in enumerate((("base model", before), ("trained model", after))):
+        xs = [j + (i - 0.5) * 0.35 for j in range(len(names))]
+        rates = [values[n][0] for n in names]
+        intervals = [wilson_interval(round(rate * n), n) for rate, n in (values[name] for name in names)]
+        errors = [[r - lo for r, (lo, _) in zip(rates, intervals, strict=True)],
+                  [hi - r for r, (_, hi) in zip(rates, intervals, strict=True)]]  # fmt: skip
+        ax.bar(xs, rates, width=0.35, yerr=errors, capsize=4, label=label, color=f"C{i}")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylim(0, 1.05)
+    _finish(ax, title, "rate (95% Wilson interval)")
+    ax.title.set_fontsize(9)
+    fig.tight_layout()
+    return fig
+
+
+def close_figure(fig) -> None:
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 CHAMPION, CHALLENGER = "champion", "challenger"
 BASE_MODEL = "the base model"  # what a model is compared with while the registry has no champion
 TAG_PREFIX = "grpo."
+BASE_TAG = "grpo.base_model"  # on the version of the base model (its hub id or directory): no checkpoint made it
 
 
 @dataclass(frozen=True)
