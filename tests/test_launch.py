@@ -481,7 +481,7 @@ def test_two_node_training_completes_with_metrics_and_a_checkpoint(tmp_path, tin
     assert [m["step"] for m in rows] == [1, 2]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000002"
     logs = [(run_dir / "launch" / f"node{node}.log").read_text() for node in (0, 1)]
-    assert any("step 2:" in text for text in logs)  # rank 0's per-step line, on whichever node c10d put it
+    assert any("step 2/2:" in text for text in logs)  # rank 0's per-step line, on whichever node c10d put it
     assert not marked_pids(run_dir.name + "ok")
 
 

@@ -211,7 +211,7 @@ def short_command(argv: Sequence[str]) -> str:
     """What the terminal shows of a launch: the module the ranks run and how many (the whole command line, its
     secrets masked, is the first line of the node log and goes to the run's log)."""
     last_m = max((i for i, a in enumerate(argv[:-1]) if a == "-m"), default=None)  # the ranks' (the agent's first)
-    module = argv[last_m + 1] if last_m is not None else Path(argv[-1]).name
+    module = argv[last_m + 1] if last_m is not None else Path(argv[0]).name  # never an argument: it may be a secret
     ranks = next((a.split("=", 1)[1] for a in argv if a.startswith("--nproc-per-node=")), "?")
     return f"{module} on {ranks} rank(s) of this node"
 
@@ -244,9 +244,10 @@ def run_node(
         PHASE_DIR_VAR: str(logs.phases),
         "TORCHELASTIC_ERROR_FILE": str(logs.error_file),
     }
-    shown = shlex.join(masked_command(argv))  # secret-looking values as *** (config/secrets.py)
+    masked = masked_command(argv)  # secret-looking values as *** (config/secrets.py)
+    shown = shlex.join(masked)
     log.info("node %d: %s (log: %s)", logs.node_rank, shown, logs.node_log, extra={LOG_ONLY: True})
-    log.info("node %d: starting %s (command line and output: %s)", logs.node_rank, short_command(argv), logs.node_log)
+    log.info("node %d: starting %s (command line and output: %s)", logs.node_rank, short_command(masked), logs.node_log)
     start = time.monotonic()
     with open(logs.node_log, "w") as out:
         out.write(f"$ {shown}\n")
