@@ -164,18 +164,30 @@ def test_a_config_error_hides_a_url_password():
     assert "plantedpw" not in str(info.value)
 
 
-def test_the_launcher_logs_its_command_line_without_secrets(tmp_path, caplog):
+def test_the_launcher_logs_its_command_line_without_secrets(tmp_path):
+    import logging
+
     from grpo_core.launch.torchrun import NodeLogs, run_node
 
     argv = ["bash", "-c", "exit 0", "x", "+x.hf_token=plantedtok", "tracking.mlflow_tracking_uri=mysql://u:plantedpw@h"]
     assert masked_command(argv)[4:] == ["+x.hf_token=***", "tracking.mlflow_tracking_uri=mysql://u:***@h"]
     reference = "+trainer.env.MY_PAT=${oc.env:MY_PAT}"  # what a rank gets: shown, it says where the value comes from
     assert masked_command([reference, "trainer.env={A: plantedpat123}"]) == [reference, "trainer.env=***"]
-    with caplog.at_level("INFO"):
+    records: list[logging.LogRecord] = []  # every record, the run's-log-only ones too (no terminal filter here)
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append
+    logger = logging.getLogger("grpo_core.launch.torchrun")
+    level, logger.level = logger.level, logging.INFO
+    logger.addHandler(handler)
+    try:
         run = run_node(argv, NodeLogs(tmp_path), timeout_s=30, poll_s=0.1)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
     first = run.log_path.read_text().splitlines()[0]
     assert first.startswith("$ bash -c 'exit 0' x ") and "hf_token=***" in first and "planted" not in first
-    assert "planted" not in caplog.text and "hf_token" in caplog.text
+    said = "\n".join(r.getMessage() for r in records)
+    assert "planted" not in said and "hf_token=***" in said and "starting bash on" in said
 
 
 def test_the_pending_file_holds_names_not_values_and_sync_asks_for_a_hidden_password(tmp_path):
