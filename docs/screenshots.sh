@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The README's pictures, taken in headless Chromium from a real run: MLflow and Prefect servers on loopback, the
+# The README's pictures, taken in headless Chromium (docs/screenshots.py) from a real run: MLflow and Prefect servers on loopback, the
 # demo's pipeline against them, then the MLflow run page and the flow run's report artifact.
-#   bash docs/screenshots.sh [MODEL_DIR] [OVERRIDES...]   (default: the demo's model; needs `chromium` on PATH)
-# Writes docs/img/mlflow_run.png, docs/img/prefect_report.png and docs/img/demo_terminal.txt (the run's terminal).
+#   bash docs/screenshots.sh [MODEL_DIR] [OVERRIDES...]   (default: the demo's model; needs Chromium: apt's `chromium`)
+# Writes docs/img/mlflow_run.png (the run's overview), docs/img/mlflow_charts.png (its metrics by step),
+# docs/img/prefect_report.png and docs/img/demo_terminal.txt (the run's terminal).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-models/SmolLM2-135M-Instruct}; shift || true
@@ -22,7 +23,7 @@ done
   tracking.mlflow_tracking_uri="http://127.0.0.1:$mlflow_port" trainer.default_local_dir="$work/run" \
   data.train_files="[$work/data/train.parquet]" data.val_files="[$work/data/test.parquet]" "$@" 2>&1 \
   | tee "$img/demo_terminal.txt"
-read -r run_url artifact_url < <("$bin/python" - "$mlflow_port" "$prefect_port" <<'PY'
+read -r run_page artifact_url < <("$bin/python" - "$mlflow_port" "$prefect_port" <<'PY'
 import sys
 from mlflow import MlflowClient
 from prefect.client.orchestration import get_client
@@ -32,14 +33,10 @@ client = MlflowClient(f"http://127.0.0.1:{mlflow_port}")
 run = client.search_runs([e.experiment_id for e in client.search_experiments()], order_by=["start_time DESC"])[0]
 with get_client(sync_client=True) as prefect:
     artifact = next(a for a in prefect.read_artifacts() if a.key == "grpo-pipeline-report")
-print(f"http://127.0.0.1:{mlflow_port}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}",
+print(f"http://127.0.0.1:{mlflow_port}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}",  # + /TAB?QUERY
       f"http://127.0.0.1:{prefect_port}/artifacts/artifact/{artifact.id}")
 PY
 )
-shot() {  # URL FILE HEIGHT
-  chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,"$3" \
-    --virtual-time-budget=20000 --screenshot="$2" "$1" > /dev/null 2>&1
-}
-shot "$run_url" "$img/mlflow_run.png" 1500
-shot "$artifact_url" "$img/prefect_report.png" 1100
+"$bin/pip" install --quiet playwright  # a picture-taking tool, not a dependency of the project
+"$bin/python" docs/screenshots.py "$run_page?workflowType=machine_learning" "$artifact_url" "$img"
 ls -la "$img"

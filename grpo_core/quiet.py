@@ -16,6 +16,7 @@ terminal: the frames of tracebacks and torchrun's own report of a failure, which
 """
 
 import logging
+import os
 import re
 import sys
 import warnings
@@ -157,6 +158,8 @@ def quiet_mlflow() -> None:
     """MLflow's loggers have a handler of their own and do not propagate: its INFO (database set-up) goes where
     other chatter goes. Imports mlflow (which sets its handler up then); call it before MLflow is used."""
     import mlflow  # noqa: F401
+
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # its run links: our closing lines say it
 
     for handler in logging.getLogger("mlflow").handlers:
         if not any(isinstance(f, _QuietFilter) for f in handler.filters):

@@ -106,7 +106,8 @@ def test_deploy_run_by_a_worker_lands_in_the_mlflow_server(tmp_path):
         _, artifacts = flow_run_artifacts(api, flow_run_id)
         (report,) = [a for a in artifacts if a.type == "markdown"]
         assert report.key == "grpo-pipeline-report" and report.data == note  # the same text as the description
-        assert f"[{run_id}]({mlflow_uri}/#/experiments/{experiment.experiment_id}/runs/{run_id})" in report.data
+        run_page = f"{mlflow_uri}/#/experiments/{experiment.experiment_id}/runs/{run_id}?workflowType=machine_learning"
+        assert f"[{run_id}]({run_page})" in report.data
         assert f"[2]({mlflow_uri}/#/models/pipeline_test/versions/2)" in report.data
         tables = {}
         for artifact in artifacts:

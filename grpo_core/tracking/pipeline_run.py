@@ -204,7 +204,8 @@ def run_url(run: MlflowRun) -> str:
     if info is None:
         where = run.pending_file.parent if run.pending_file else "RUN_DIR"
         return f"not sent yet: MLflow at {run.shown_uri} is unreachable (`grpo tracking sync {where}` sends it)"
-    return ui_url(run.shown_uri, f"#/experiments/{info.experiment_id}/runs/{run.run_id}")
+    # the model-training view: MLflow 3's UI opens a run in its GenAI view unless told (it keeps the last choice)
+    return ui_url(run.shown_uri, f"#/experiments/{info.experiment_id}/runs/{run.run_id}?workflowType=machine_learning")
 
 
 def ui_url(shown_uri: str, path: str) -> str:
