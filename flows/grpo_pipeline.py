@@ -141,7 +141,6 @@ def run_pipeline(
         open_pipeline_run,
         pipeline_key,
         record_results,
-        register_base_model,
         scheduled_inputs,
         uplift_line,
     )
@@ -217,34 +216,7 @@ def run_pipeline(
         evaluate_trained = unless_missing(evaluate_checkpoint, eval_dirs["trained"] / METRICS_FILE, checkpoint)
         trained = evaluate_trained(checkpoint, eval_file, str(eval_dirs["trained"]), settings)
 
-        where.phase = "reading the registry's champion"
-        champion, champion_known = None, True
-        try:
-            champion = champion_model(cfg) if cfg.tracking.log_model else None
-        except RegistryUnreachable as e:  # an outage: train and evaluate anyway, never promote blind
-            log.warning("%s: cannot compare with the champion; the new version will not be promoted", e)
-            champion_known = False
-        champion_version = champion.version if champion else None
-        champion_tags = champion.tags if champion else None
-        if champion is None and champion_known and cfg.tracking.log_model:  # the first run of this registered model
-            where.phase = "registering the base model"
-            try:
-                registered = register_base_model(cfg, base, eval_dirs["base"])
-            except Exception as e:  # noqa: BLE001  (the trained model is still compared with the base, as before)
-                log.warning("the base model was not registered as the champion: %s", one_line(e))
-                registered = None
-            if registered is not None:
-                champion_version, champion_tags = registered
-                eval_dirs["champion"] = eval_dirs["base"]  # evaluated already, on the same questions
-                log.info("registered the base model as version %s, the champion to beat", champion_version)
-        if champion is not None:  # the same questions and settings, once per champion version and evaluation set
-            if judged := read_eval_set(eval_dirs["trained"]):
-                note = judge_note(champion.tags, eval_set_tags(judged), f"champion version {champion.version}")
-                log.info(note or f"the evaluation set is the one champion version {champion.version} was judged on")
-            eval_dirs["champion"] = eval_dir(champion, data_digest, settings)
-            where.phase = f"evaluate champion (version {champion.version})"
-            evaluate_champion = unless_missing(evaluate_checkpoint, eval_dirs["champion"] / METRICS_FILE)
-            evaluate_champion(str(champion.path), eval_file, str(eval_dirs["champion"]), settings)
+        champion = judge_with_champion(cfg, where, base, eval_dirs, eval_file, data_digest, settings)
 
         where.phase = "recording the results in MLflow"
         summary = record_results(
@@ -255,9 +227,9 @@ def run_pipeline(
             checkpoint,
             eval_dirs,
             Path(checkpoint) / "hf",
-            champion_version=champion_version,
-            champion_known=champion_known,
-            champion_tags=champion_tags,
+            champion_version=champion.version,
+            champion_known=champion.known,
+            champion_tags=champion.tags,
         )
     except BaseException:
         mlflow_run.finish("FAILED")  # a re-run with the same key continues this run
@@ -275,3 +247,53 @@ def run_pipeline(
     accuracy = summary.accuracy_baseline, summary.accuracy, uplift_line(summary)
     log.info("accuracy %.4f -> %.4f, uplift %s", *accuracy, extra={LOG_ONLY: True})
     return {**asdict(summary), "prefect_flow_run_id": str(flow_run.id), "inputs": changed}
+
+
+@dataclass
+class Champion:
+    """What the new version is compared with: the registry's champion (evaluated on the same questions), the base
+    model registered as the first one, or none (``known`` False: the registry was unreachable, never promote blind)."""
+
+    version: str | None = None
+    tags: dict | None = None
+    known: bool = True
+
+
+def judge_with_champion(
+    cfg, where: Where, base: dict, eval_dirs: dict, eval_file: str, data_digest: str, settings: dict
+) -> Champion:
+    """The registry's champion, evaluated on the trained model's questions and settings (once per version and
+    evaluation set: ``eval_dirs["champion"]``); on the first run of a registered model, the base model registered as
+    version 1 and the champion, its evaluation the base one."""
+    from grpo_core.tracking.pipeline_run import register_base_model
+
+    log = get_run_logger()
+    if not cfg.tracking.log_model:
+        return Champion()
+    where.phase = "reading the registry's champion"
+    try:
+        champion = champion_model(cfg)
+    except RegistryUnreachable as e:  # an outage: train and evaluate anyway, never promote blind
+        log.warning("%s: cannot compare with the champion; the new version will not be promoted", e)
+        return Champion(known=False)
+    if champion is None:  # the first run of this registered model
+        where.phase = "registering the base model"
+        try:
+            registered = register_base_model(cfg, base, eval_dirs["base"])
+        except Exception as e:  # noqa: BLE001  (the trained model is still compared with the base, as before)
+            log.warning("the base model was not registered as the champion: %s", one_line(e))
+            registered = None
+        if registered is None:  # versions exist, none is the champion: the trained model is compared with the base
+            return Champion()
+        version, tags = registered
+        eval_dirs["champion"] = eval_dirs["base"]  # evaluated already, on the same questions
+        log.info("registered the base model as version %s, the champion to beat", version)
+        return Champion(version, tags)
+    if judged := read_eval_set(eval_dirs["trained"]):
+        note = judge_note(champion.tags, eval_set_tags(judged), f"champion version {champion.version}")
+        log.info(note or f"the evaluation set is the one champion version {champion.version} was judged on")
+    eval_dirs["champion"] = eval_dir(champion, data_digest, settings)
+    where.phase = f"evaluate champion (version {champion.version})"
+    evaluate_champion = unless_missing(evaluate_checkpoint, eval_dirs["champion"] / METRICS_FILE)
+    evaluate_champion(str(champion.path), eval_file, str(eval_dirs["champion"]), settings)
+    return Champion(champion.version, champion.tags)
