@@ -163,12 +163,15 @@ def _read_local(path: Path) -> dict:
         raise ModelShapeError(f"{config_file}:{e.lineno}: malformed JSON: {e.msg}") from None
 
 
+def _path_syntax(name_or_path: str) -> bool:
+    """Written as a path (``./``, ``/``, ``~``, not exactly one ``/``): never a hub id (org/name)."""
+    return name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1
+
+
 def looks_local(name_or_path: str) -> bool:
-    """A path rather than a hub id: path syntax (``./``, ``/``, ``~``, not exactly one ``/``) or an existing parent
-    directory (``models/x`` where ``models/`` exists): a typo there is a missing directory, not a hub question."""
-    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
-        return True
-    return Path(name_or_path).expanduser().parent.is_dir()
+    """A path rather than a hub id: path syntax or an existing parent directory (``models/x`` where ``models/``
+    exists): a typo there is a missing directory, not a hub question."""
+    return _path_syntax(name_or_path) or Path(name_or_path).expanduser().parent.is_dir()
 
 
 def no_such_directory(name_or_path: str) -> str:
@@ -177,7 +180,7 @@ def no_such_directory(name_or_path: str) -> str:
 
 def _not_on_the_hub(name_or_path: str) -> str:
     """The error for a path that ``looks_local`` and does not exist: the directory first, then why not the hub."""
-    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
+    if _path_syntax(name_or_path):
         return f"{no_such_directory(name_or_path)}, and not a hub id (org/name)"
     return f"{no_such_directory(name_or_path)}; its parent directory exists, so it is not looked up on the hub"
 
