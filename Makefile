@@ -1,7 +1,7 @@
 # Set-up, demo and tests. Everything installs into .venv at the repo root.
-#   make demo   set up, then run the pipeline on the embedded default (CPU, no network, ~10 min plus set-up)
-#   make demo-learn   the same model for 10 larger steps, in which it learns the answer format (README)
-#   make test   set up, then lint and run the test suite (what CI runs)
+#   make demo   set up, then run the pipeline on the embedded default (CPU, no network): GRPO teaches the model the
+#               answer format in 7 steps, and the format rate rises significantly (~7 min plus set-up with bf16 cores)
+#   make test   set up, fetch the demo model, then lint and run the test suite (what CI runs)
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 # GPU machines: EXTRAS=dev,gpu (plain vllm) and a CUDA TORCH.
@@ -35,19 +35,15 @@ $(DEMO_MODEL)/model.safetensors: | setup
 demo: setup $(DEMO_MODEL)/model.safetensors
 	$(BIN)/grpo pipeline --config configs/demo_cpu.yaml actor_rollout_ref.model.path=$(DEMO_MODEL)
 
-# 4 prompts x 8 samples x 128 tokens, 10 steps: ~10 min on cores with AVX-512-BF16, ~45 min on two AVX2 cores.
-LEARN := data.train_batch_size=4 actor_rollout_ref.actor.ppo_mini_batch_size=4 data.max_response_length=128 \
-	data.val_batch_size=32 actor_rollout_ref.rollout.max_num_seqs=32 \
-	evaluation.limit=32 evaluation.max_new_tokens=128 evaluation.batch_size=32 trainer.total_training_steps=10 \
-	trainer.experiment_name=smollm2_135m_cpu_learn trainer.default_local_dir=checkpoints/demo_learn
-demo-learn: setup $(DEMO_MODEL)/model.safetensors
-	$(BIN)/grpo pipeline --config configs/demo_cpu.yaml actor_rollout_ref.model.path=$(DEMO_MODEL) $(LEARN)
+# The demo's former learning run: `make demo` is that run now (issue 39); the name is kept for those who know it.
+demo-learn: demo
 
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+# The demo's model too: tests/test_pipeline.py runs the demo itself where the CPU has bf16 (its claim, in CI).
+test: lint $(DEMO_MODEL)/model.safetensors
 	$(BIN)/python -m pytest -q
 
 clean:

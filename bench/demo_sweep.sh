@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU demo's learning settings (`make demo-learn`), tried where a run takes a minute: configs/demo_cpu.yaml
+# The CPU demo's learning settings (`make demo`, formerly `make demo-learn`), tried where a run takes a minute: configs/demo_cpu.yaml
 # with 128-token responses (bf16, the static engine, the embedded GSM8K sample) but on a GPU, at several learning
 # rates and prompts per step, each with two data seeds, all runs at once (a 135M model's step is host-bound: the
 # GPU has room for all of them). Prints the training format rate and reward by step for each run: demo-learn's

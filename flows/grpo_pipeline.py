@@ -17,15 +17,22 @@ from grpo_core.config import ConfigError
 from grpo_core.config.load import load_config
 from grpo_core.data.lineage import dataset_digest
 from grpo_core.evaluation.gsm8k import METRICS_FILE, read_eval_set
-from grpo_core.evaluation.run import EvalSettings
+from grpo_core.evaluation.run import EvalSettings, exported_model
 from grpo_core.launch import run_lock
 from grpo_core.quiet import LOG_ONLY
 from grpo_core.tracking.mlflow_run import quick_http, tracking_uri
 from grpo_core.tracking.notify import regression, send_notice
 from grpo_core.tracking.promotion import eval_set_tags, judge_note
-from grpo_core.tracking.registry import RegistryModel, RegistryUnreachable, champion_uri, eval_dir, fetch_model
+from grpo_core.tracking.registry import (
+    RegistryModel,
+    RegistryUnreachable,
+    champion_uri,
+    eval_dir,
+    fetch_model,
+    full_model,
+)
 from grpo_core.tracking.report import REPORT_KEY, failure_report, one_line
-from grpo_core.trainer.checkpoint import CheckpointManager
+from grpo_core.trainer.checkpoint import HF_EXPORT, CheckpointManager
 from grpo_core.trainer.dry_run import resolve_run
 from tasks import evaluate_checkpoint, prepare_gsm8k, train_task, unless_missing
 from tasks.evaluate import settings_dict
@@ -130,39 +137,18 @@ def run_pipeline(
 ) -> dict:
     """The flow's body (``grpo_pipeline``'s arguments), saying in ``where`` which phase it is in."""
     from grpo_core.tracking.pipeline_run import (
-        INPUTS_TAG,
-        SCHEDULED_TAG,
         evaluation_file,
-        inputs_key,
         inputs_verdict,
         last_scheduled_run,
         log_pipeline_datasets,
         markdown_report,
-        open_pipeline_run,
-        pipeline_key,
         record_results,
         scheduled_inputs,
         uplift_line,
     )
 
     log = get_run_logger()
-    overrides = list(overrides or [])
-    first = load_config(config, overrides)
-    where.notify = (first.tracking.notify_webhook_url, first.tracking.notify_block)
-    where.title = f"{first.trainer.project_name} / {first.trainer.experiment_name}"
-    if start_from_champion:
-        where.phase = "reading the registry's champion"
-        if (uri := current_champion(first)) is not None:
-            overrides.append(f"actor_rollout_ref.model.path={uri}")
-            log.info("starting from the registry's champion: %s", uri)
-        else:
-            log.info("no champion in the registry yet: starting from %s", first.actor_rollout_ref.model.path)
-    if fresh:
-        overrides += fresh_overrides(first.trainer.default_local_dir)
-    run = resolve_run(config, overrides)
-    if run.report.errors:
-        raise ConfigError(run.report.errors, run.report.warnings)
-    overrides = run.pinned(overrides)  # every task reads the version resolved now
+    run, overrides = resolve_pipeline_run(where, config, list(overrides or []), fresh, start_from_champion)
     cfg = run.config
     run_dir = Path(cfg.trainer.default_local_dir)
 
@@ -186,16 +172,7 @@ def run_pipeline(
 
     where.phase = "opening the MLflow run"
     hold_run_dir(run_dir)  # from here on the run directory is written: one run at a time
-    tags = {
-        "prefect.flow_run_id": str(flow_run.id),
-        "prefect.flow_run_name": str(flow_run.name),
-        INPUTS_TAG: inputs_key(cfg),
-        **inputs,
-        SCHEDULED_TAG: str(skip_unchanged).lower(),
-    }
-    if run.start_model is not None:
-        tags["grpo.start_model"] = run.start_model.canonical
-    mlflow_run = open_pipeline_run(cfg, pipeline_key(cfg), tags, run_dir)
+    mlflow_run = open_flow_mlflow_run(run, inputs, skip_unchanged)
     where.mlflow_url = "" if mlflow_run.is_deferred else f"{mlflow_run.shown_uri} run {mlflow_run.run_id}"
     log_pipeline_datasets(mlflow_run, cfg)  # the run page's Datasets panel: training and evaluation sets
     settings = settings_dict(EvalSettings.from_config(cfg))
@@ -206,8 +183,11 @@ def run_pipeline(
 
     try:
         where.phase = "evaluate base (the start model)"
+        start_files = cfg.actor_rollout_ref.model.path
+        if run.start_model is not None and run.start_model.is_adapter:  # the base with the adapter merged in
+            start_files = str(full_model(run.start_model, tracking_uri(cfg), cfg.tracking.model_cache_dir))
         evaluate_base = unless_missing(evaluate_checkpoint, eval_dirs["base"] / METRICS_FILE)
-        base = evaluate_base(cfg.actor_rollout_ref.model.path, eval_file, str(eval_dirs["base"]), settings)
+        base = evaluate_base(start_files, eval_file, str(eval_dirs["base"]), settings)
         no_checkpoint = CheckpointManager.for_run(cfg.trainer).latest() is None
         where.phase = "train"
         trained_run = train_task(cfg, refresh_cache=no_checkpoint)(config, overrides, mlflow_run.run_id)
@@ -218,6 +198,10 @@ def run_pipeline(
 
         champion = judge_with_champion(cfg, where, base, eval_dirs, eval_file, data_digest, settings)
 
+        model_dir = Path(checkpoint) / HF_EXPORT  # what the registry versions: the model, or a LoRA run's adapter
+        if run.lora_base is not None and cfg.tracking.log_model:
+            where.phase = "exporting the LoRA adapter"
+            model_dir = exported_model(checkpoint, peft=True)
         where.phase = "recording the results in MLflow"
         summary = record_results(
             mlflow_run,
@@ -226,10 +210,11 @@ def run_pipeline(
             trained,
             checkpoint,
             eval_dirs,
-            Path(checkpoint) / "hf",
+            model_dir,
             champion_version=champion.version,
             champion_known=champion.known,
             champion_tags=champion.tags,
+            adapter_base=run.lora_base,
         )
     except BaseException:
         mlflow_run.finish("FAILED")  # a re-run with the same key continues this run
@@ -247,6 +232,46 @@ def run_pipeline(
     accuracy = summary.accuracy_baseline, summary.accuracy, uplift_line(summary)
     log.info("accuracy %.4f -> %.4f, uplift %s", *accuracy, extra={LOG_ONLY: True})
     return {**asdict(summary), "prefect_flow_run_id": str(flow_run.id), "inputs": changed}
+
+
+def resolve_pipeline_run(where: Where, config: str | None, overrides: list[str], fresh: bool, champion: bool):
+    """The run every task reads (dry_run.ResolvedRun) and the overrides pinned to it: the config, the registry's
+    champion as the start model when asked (else the config's model), a fresh run's own directory."""
+    log = get_run_logger()
+    first = load_config(config, overrides)
+    where.notify = (first.tracking.notify_webhook_url, first.tracking.notify_block)
+    where.title = f"{first.trainer.project_name} / {first.trainer.experiment_name}"
+    if champion:
+        where.phase = "reading the registry's champion"
+        if (uri := current_champion(first)) is not None:
+            overrides.append(f"actor_rollout_ref.model.path={uri}")
+            log.info("starting from the registry's champion: %s", uri)
+        else:
+            log.info("no champion in the registry yet: starting from %s", first.actor_rollout_ref.model.path)
+    if fresh:
+        overrides += fresh_overrides(first.trainer.default_local_dir)
+    run = resolve_run(config, overrides)
+    if run.report.errors:
+        raise ConfigError(run.report.errors, run.report.warnings)
+    return run, run.pinned(overrides)  # every task reads the version resolved now
+
+
+def open_flow_mlflow_run(run, inputs: dict[str, str], scheduled: bool):
+    """The pipeline's MLflow run, tagged with the flow run, its inputs' key and what it started from; a re-run
+    with the same key continues it."""
+    from grpo_core.tracking.pipeline_run import INPUTS_TAG, SCHEDULED_TAG, inputs_key, open_pipeline_run, pipeline_key
+
+    cfg = run.config
+    tags = {
+        "prefect.flow_run_id": str(flow_run.id),
+        "prefect.flow_run_name": str(flow_run.name),
+        INPUTS_TAG: inputs_key(cfg),
+        **inputs,
+        SCHEDULED_TAG: str(scheduled).lower(),
+    }
+    if run.start_model is not None:
+        tags["grpo.start_model"] = run.start_model.canonical
+    return open_pipeline_run(cfg, pipeline_key(cfg), tags, Path(cfg.trainer.default_local_dir))
 
 
 @dataclass
@@ -295,5 +320,6 @@ def judge_with_champion(
     eval_dirs["champion"] = eval_dir(champion, data_digest, settings)
     where.phase = f"evaluate champion (version {champion.version})"
     evaluate_champion = unless_missing(evaluate_checkpoint, eval_dirs["champion"] / METRICS_FILE)
-    evaluate_champion(str(champion.path), eval_file, str(eval_dirs["champion"]), settings)
+    files = full_model(champion, tracking_uri(cfg), cfg.tracking.model_cache_dir)  # an adapter: merged into its base
+    evaluate_champion(str(files), eval_file, str(eval_dirs["champion"]), settings)
     return Champion(champion.version, champion.tags)

@@ -256,14 +256,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     )
     model = args.model
     if is_model_uri(model):
-        from grpo_core.tracking.registry import fetch_model
+        from grpo_core.tracking.registry import fetch_model, full_model
 
         server = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
         if problem := missing_local_store(server):
             raise UserError(problem)
         fetched = fetch_model(model, server)
         err_console.print(f"model: {fetched.describe()}", markup=False, highlight=False, soft_wrap=True)
-        model = str(fetched.path)
+        model = str(full_model(fetched, server))  # a LoRA adapter: merged into its base
     # a terminal shows the bar; piped or logged, a line per generate call (questions, tokens/s)
     lines = None if err_console.is_terminal else (lambda now: err_console.print(now.line("model"), markup=False))
     result = evaluate_model(model, args.data, args.output, settings, on_batch=lines)
@@ -692,6 +692,7 @@ KNOWN_FAILURES = (
     (EXIT_INVALID, "grpo_core.rollout.hf", "ModelLoadError"),
     (EXIT_INVALID, "grpo_core.trainer.checkpoint", "CheckpointError"),
     (EXIT_INVALID, "grpo_core.tracking.registry", "RegistryError"),
+    (EXIT_INVALID, "grpo_core.models.adapter", "AdapterError"),
     (EXIT_FAILURE, "grpo_core.numerics", "NotFinite"),  # diverged: stopped before it trained on, or saved, NaN
     (EXIT_FAILURE, "grpo_core.trainer.checkpoint", "CheckpointSaveError"),  # the environment's fault, not the input's
     (EXIT_FAILURE, "grpo_core.tracking.registry", "RegistryUnreachable"),

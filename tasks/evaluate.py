@@ -16,11 +16,12 @@ from tasks.retry import transient
 
 def model_fingerprint(model: str) -> str:
     """A hub id as is; a local directory by its files' names, sizes and modification times (cheap, and
-    changes when a checkpoint is rewritten). A checkpoint's own export (``hf/``) is not part of it."""
+    changes when a checkpoint is rewritten). A checkpoint's own exports (``hf/``, ``peft/``) are not part of it."""
     path = Path(model)
     if not path.is_dir():
         return model
-    files = sorted(p for p in path.rglob("*") if p.is_file() and not p.relative_to(path).parts[0].startswith("hf"))
+    exports = ("hf", "peft")
+    files = sorted(p for p in path.rglob("*") if p.is_file() and not p.relative_to(path).parts[0].startswith(exports))
     listing = [(str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     return json.dumps([str(path.resolve()), listing])
 

@@ -168,6 +168,22 @@ def test_gdpo_normalises_each_component_in_its_group_then_whitens():
         get_adv_estimator("gdpo")(fmt, mask, index=[0, 0], reward_weights=[1, 2])
 
 
+def test_remax_subtracts_the_greedy_responses_score_from_each_tokens_return():
+    """Two prompts, two samples each; greedy answers scored 0.5 and 1. Outcome rewards 1, 0 | 1, 0.25 on the last
+    tokens, and a KL-in-reward-like -0.1 on row 0's first token: its return there is 1 - 0.1 = 0.9."""
+    rewards, mask = _batch([1.0, 0.0, 1.0, 0.25], [3, 2, 1, 4])
+    rewards[0, 0] = -0.1
+    baselines = torch.tensor([0.5, 0.5, 1.0, 1.0], dtype=F64)
+    adv, returns = get_adv_estimator("remax")(rewards, mask, index=[0, 0, 1, 1], reward_baselines=baselines)
+    expected = torch.tensor(
+        [[0.4, 0.5, 0.5, 0.0], [-0.5, -0.5, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [-0.75, -0.75, -0.75, -0.75]], dtype=F64
+    )
+    torch.testing.assert_close(adv, expected, **TOL)
+    torch.testing.assert_close(returns[0], torch.tensor([0.9, 1.0, 1.0, 0.0], dtype=F64), **TOL)
+    with pytest.raises(ValueError, match="greedy response"):
+        get_adv_estimator("remax")(rewards, mask, index=[0, 0, 1, 1])
+
+
 # ---------------------------------------------------------------- random batches against the references
 
 
@@ -194,9 +210,9 @@ def test_estimators_match_their_paper_references_on_random_batches(seed):
         assert torch.all(adv[mask == 0] == 0), name
 
 
-def test_the_registry_holds_verls_critic_free_estimators_but_remax():
+def test_the_registry_holds_every_one_of_verls_critic_free_estimators():
     verl = {
         "grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-        "gdpo", "grpo_passk", "opo", "gpg",
+        "gdpo", "grpo_passk", "opo", "gpg", "remax",
     }  # fmt: skip
     assert set(ADV_ESTIMATORS) == verl

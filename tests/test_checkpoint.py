@@ -92,6 +92,24 @@ def test_killed_run_resumes_exactly(crash, tiny_llama, uninterrupted, tmp_path):
     assert [p.name for p in manager.complete_checkpoints()] == ["step_000002", "step_000003", "step_000004"]
 
 
+def test_a_killed_lora_run_resumes_exactly(tiny_llama, tmp_path):  # noqa: F811
+    """LoRA (issue 37): killed in the save of step 3, the run resumes from step 2's checkpoint (the adapters and their
+    Adam state, on the frozen base read again from the model) and reproduces the uninterrupted LoRA run exactly."""
+    lora = ("--lora-rank", "4")
+    straight = tmp_path / "straight.jsonl"
+    run(tiny_llama, tmp_path / "straight", straight, steps=4, extra=lora)
+    root, out = tmp_path / "ckpt", tmp_path / "out.jsonl"
+    assert run(tiny_llama, root, out, steps=4, crash="save:3", extra=lora).returncode != 0
+    assert CheckpointManager(root).latest().name == "step_000002"
+    assert read_trainer_state(root / "step_000002")["lora"]["rank"] == 4
+    run(tiny_llama, root, out, steps=4, extra=lora)
+    resumed, uninterrupted = steps_of(out), steps_of(straight)
+    assert resumed[1]["log_probs"] != resumed[4]["log_probs"]  # the adapters trained
+    for step in (3, 4):
+        assert resumed[step]["metrics"] == uninterrupted[step]["metrics"], step  # exactly, not approximately
+        assert resumed[step]["log_probs"] == uninterrupted[step]["log_probs"]
+
+
 def test_per_rank_optimizer_shards_resume_exactly(tiny_llama, uninterrupted, tmp_path):  # noqa: F811
     """dist_ckpt_optim_fully_reshardable=false: the optimizer saved as each rank's shards (no gathered copy)
     resumes the run exactly, and the checkpoint says which TP/PP it can be loaded at."""

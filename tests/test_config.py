@@ -60,6 +60,8 @@ def test_file_then_overrides(tmp_path):
 def test_aliases_agree_or_conflict(alias, canonical):
     listed = canonical.endswith("_modules")  # LoRA's module lists: one name stands for a list of it
     value, other, expected = ("linear_qkv", "linear_fc2", ["linear_qkv"]) if listed else (7, 9, 7)
+    if canonical.endswith("_path"):  # a directory
+        value, other, expected = "/a", "/b", "/a"
     cfg = load_config(None, [f"{alias}={value}"])
     node = cfg
     for part in canonical.split("."):
@@ -140,3 +142,39 @@ def test_auto_dtype_is_bf16_where_the_hardware_multiplies_in_it_and_bf16_elsewhe
     explicit = load_config(demo, ["actor_rollout_ref.actor.megatron.dtype=bfloat16"])
     warned = [w for w in check_config(explicit, None).warnings if "bf16 matrix instructions" in w]
     assert [w.split("=")[0] for w in warned] == ([] if bf16_cpu else ["actor_rollout_ref.actor.megatron.dtype"])
+
+
+def test_a_lower_upper_threshold_is_not_read_as_a_number_with_a_digit_separator(tmp_path):
+    """YAML 1.1 and OmegaConf read ``0.5_2`` as 0.52; verl means the window [0.5, 2]."""
+    from grpo_core.algos import parse_is_threshold, parse_rs
+
+    rc = "algorithm.rollout_correction."
+    (tmp_path / "c.yaml").write_text(
+        "algorithm:\n  rollout_correction:\n    rollout_is: token\n    rollout_is_threshold: 0.5_2\n"
+        "    rollout_rs: token_k1\n    rollout_rs_threshold: 0.5_2\n"
+    )
+    overrides = [f"{rc}rollout_is=token", f"{rc}rollout_is_threshold=0.5_2"]
+    overrides += [f"{rc}rollout_rs=token_k1", f"{rc}rollout_rs_threshold=0.5_2"]
+    for cfg in (load_config(tmp_path / "c.yaml"), load_config(None, overrides)):
+        c = cfg.algorithm.rollout_correction
+        assert parse_is_threshold(c.rollout_is_threshold) == (2.0, 0.5)
+        assert parse_rs(c.rollout_rs, c.rollout_rs_threshold) == {"token_k1": (0.5, 2.0)}
+    # a plain number stays a number; other keys keep YAML's reading
+    assert load_config(None, [f"{rc}rollout_is_threshold=2.5"]).algorithm.rollout_correction.rollout_is_threshold == 2.5
+    assert load_config(None, ["trainer.total_training_steps=1_000"]).trainer.total_training_steps == 1000
+
+
+def test_the_dapo_recipes_overlong_buffer_spelling_counts_back_from_the_response_length(tmp_path):
+    """verl's recipe/dapo (main_dapo) writes reward_model.overlong_buffer.* and builds its reward manager with
+    max_resp_len=data.max_response_length; an explicit max_resp_len, in a file or an override, still wins."""
+    recipe = ["reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4"]
+    kwargs = load_config(None, [*recipe, "data.max_response_length=16"]).reward_model.reward_kwargs
+    assert (kwargs.overlong_buffer_cfg.enable, kwargs.overlong_buffer_cfg.len, kwargs.max_resp_len) == (True, 4, 16)
+    (tmp_path / "c.yaml").write_text("reward_model:\n  reward_kwargs:\n    max_resp_len: 12\n")
+    assert (
+        load_config(
+            tmp_path / "c.yaml", [*recipe, "data.max_response_length=16"]
+        ).reward_model.reward_kwargs.max_resp_len
+        == 12
+    )
+    assert load_config(None, ["data.max_response_length=16"]).reward_model.reward_kwargs.max_resp_len is None

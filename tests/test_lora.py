@@ -142,6 +142,17 @@ def test_only_the_adapters_train_and_the_base_stays_the_reference(lora_run, name
     assert not close(result["log_probs_after"], result["log_probs"], mask)  # the adapters did
 
 
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "tp2sp", "pp2"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_an_exported_adapter_loaded_at_any_layout_is_the_same_policy(lora_run, name, layout):
+    """The adapters after the step, in peft's names (`grpo export --peft`'s), loaded into a fresh actor of the layout
+    (a warm start from a registry adapter): its log-probs are those of the actor that trained them."""
+    _, results = lora_run
+    result = results[f"{name}_{layout}"]
+    mask = torch.tensor(result["response_mask"]).bool()
+    assert close(result["log_probs_loaded"], result["log_probs_after"], mask)
+
+
 @pytest.mark.parametrize("layout", ["tp2", "tp2sp", "pp2"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_every_layout_gives_tp1_s_update(lora_run, name, layout):

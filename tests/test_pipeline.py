@@ -1,8 +1,10 @@
 """The pipeline as users run it: `grpo pipeline` on Prefect's ephemeral API, tracked in MLflow.
 
-A tiny random Llama (SmolLM2 tokenizer) on the embedded GSM8K sample, 2 GRPO steps: the numbers are not
-the point, the wiring is — every task runs for real (torchrun, gloo), a second run is served from the
-persisted results, and the MLflow run has what `grpo compare` and a person need.
+`make demo` itself where its claim is made (configs/demo_cpu.yaml's sizes on SmolLM2-135M-Instruct, which `make
+test` fetches, on a CPU that multiplies bf16 natively): the answer format rises significantly. The other tests: a
+tiny random Llama (SmolLM2 tokenizer) on the embedded GSM8K sample, 2 GRPO steps: the numbers are not the point, the
+wiring is — every task runs for real (torchrun, gloo), a second run is served from the persisted results, and the
+MLflow run has what `grpo compare` and a person need.
 """
 
 import contextlib
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo_core.config.load import load_config
 from grpo_core.quiet import MARK
 from tests.conftest import REPO
 from tests.support.servers import prefect_env
@@ -50,7 +53,7 @@ def pipeline_overrides(root: Path, model: Path, tracking_uri: str) -> list[str]:
     ]
 
 
-def lineage_on_the_server(client, run, data_dir: Path):
+def lineage_on_the_server(client, run, data_dir: Path, files: str = "config.json"):
     """What a run's MLflow page shows of its lineage, checked against the prepare record: both datasets (digest,
     context, where the rows came from), the evaluated checkpoint as a logged model (the run's output at the last
     step, READY, its metrics against the evaluation set, the exported files) and the registry version made from
@@ -81,7 +84,7 @@ def lineage_on_the_server(client, run, data_dir: Path):
     assert {"val/accuracy", "eval/trained/accuracy_strict"} <= metrics.keys()
     assert {(m.dataset_name, m.dataset_digest, m.step) for m in metrics.values()} == {("gsm8k-test", test, 2)}
     assert metrics["val/accuracy"].value == run.data.metrics["val/accuracy"]
-    assert "config.json" in {a.path for a in client.list_logged_model_artifacts(model.model_id)}
+    assert files in {a.path for a in client.list_logged_model_artifacts(model.model_id)}  # a model's, or an adapter's
 
     (version,) = client.search_model_versions(f"name = 'pipeline_test' and run_id = '{run_id}'")
     assert version.source == f"models:/{model.model_id}"
@@ -139,11 +142,17 @@ def tiny_model(tmp_path_factory) -> Path:
     return tiny_model_dir(tmp_path_factory.mktemp("model") / "tiny", seed=1)
 
 
+LORA = ["actor_rollout_ref.model.lora.rank=4", "actor_rollout_ref.model.lora.alpha=8"]
+
+
 def test_pipeline_runs_on_the_ephemeral_api_and_a_rerun_is_served_from_its_results(tmp_path, tiny_model):
+    """With LoRA (issue 37): the version registered is the run's PEFT adapter, naming its base; a run from that
+    version resolves to the base with the adapters starting from it, and `grpo evaluate` evaluates it merged. (The
+    pipeline without LoRA registers the merged model: test_a_tracking_server_down_at_the_start_loses_nothing...)"""
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    overrides = pipeline_overrides(tmp_path, tiny_model, uri)
+    overrides = pipeline_overrides(tmp_path, tiny_model, uri) + LORA
     env = prefect_env(tmp_path / "prefect")
     first = grpo("pipeline", "--config", str(REPO / "configs/demo_cpu.yaml"), *overrides, env=env, cwd=tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-5000:]
@@ -190,7 +199,7 @@ def test_pipeline_runs_on_the_ephemeral_api_and_a_rerun_is_served_from_its_resul
     samples = client.download_artifacts(run_id, "eval/trained/samples.jsonl", str(tmp_path / "dl"))
     records = [json.loads(line) for line in Path(samples).read_text().splitlines()]
     assert len(records) == 4 and {"question", "response", "gold", "correct_strict"} <= records[0].keys()
-    model = lineage_on_the_server(client, run, tmp_path / "data")  # datasets, logged model, its version
+    model = lineage_on_the_server(client, run, tmp_path / "data", "adapter_config.json")  # datasets, model, version
     # the registry: the base model is version 1, the champion from the first run on (issue 44), with its evaluation;
     # a random model gains nothing significant over it: version 2 is the challenger, and says why
     base = client.get_model_version_by_alias("pipeline_test", "champion")
@@ -202,6 +211,7 @@ def test_pipeline_runs_on_the_ephemeral_api_and_a_rerun_is_served_from_its_resul
     assert tags["grpo.compared_with"] == "champion version 1 (the base model)"
     assert "may be noise" in tags["grpo.promotion_reason"] and "the champion stays" in tags["grpo.promotion_reason"]
     assert "promotion: uplift" in first.stdout
+    assert tags["grpo.lora.base_model"] == str(tiny_model)  # the adapter's base, for a warm start from it
     # the ephemeral API: where the flow run is kept, and the one command that shows it
     kept = f"kept in {tmp_path / 'prefect' / 'prefect.db'}; to see it and its report: `prefect server start`, then "
     assert kept in first.stdout, first.stdout[-3000:]
@@ -217,10 +227,63 @@ def test_pipeline_runs_on_the_ephemeral_api_and_a_rerun_is_served_from_its_resul
     assert (train_log.stat().st_mtime_ns, (tmp_path / "run" / "metrics.jsonl").read_text()) == before
     assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [run_id]
     assert len(client.search_model_versions("name = 'pipeline_test'")) == 2  # the re-run found its version
-    assert lineage_on_the_server(client, client.get_run(run_id), tmp_path / "data").model_id == model.model_id  # once
+    again = lineage_on_the_server(client, client.get_run(run_id), tmp_path / "data", "adapter_config.json")
+    assert again.model_id == model.model_id  # once
+
+    # the adapter version as a start model: its base's weights, the adapters from it; evaluated merged into its base
+    start = [f"actor_rollout_ref.model.path=models:/pipeline_test/{version.version}", *LORA]
+    dry = grpo("train", "--dry-run", "--config", str(REPO / "configs/demo_cpu.yaml"), *overrides, *start, env=env,
+               cwd=tmp_path, timeout=300)  # fmt: skip
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert f"a LoRA adapter on {tiny_model}: its base ({tiny_model}) with the adapters starting from it" in dry.stdout
+    evaluate = ["evaluate", "--model", f"models:/pipeline_test/{version.version}", "--tracking-uri", uri]
+    evaluate += ["--data", str(tmp_path / "data" / "test.parquet"), "--limit", "2", "--max-new-tokens", "4"]
+    cache = {**env, "GRPO_MODEL_CACHE": str(tmp_path / "models")}
+    evaluated = grpo(*evaluate, "--output", str(tmp_path / "eval_v2"), env=cache, cwd=tmp_path, timeout=300)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert json.loads((tmp_path / "eval_v2" / "metrics.json").read_text())["num_questions"] == 2
 
     compare = grpo("compare", "--tracking-uri", uri, "--experiment", "pipeline_test", env=env, cwd=tmp_path)
     assert compare.returncode == 0 and run_id[:8] in compare.stdout, compare.stdout + compare.stderr
+
+
+DEMO_MODEL = REPO / "models" / "SmolLM2-135M-Instruct"
+
+
+def demo_runs_here() -> bool:
+    """Whether `make demo` can run as a test: its model is present (`make test` fetches it) and the CPU multiplies
+    bf16 natively, the machines its claim (a significant rise within minutes) is measured on. On an AVX2-only CPU
+    (float32) it would take ~30 min, and its float32 sampling stream is not the measured one."""
+    from grpo_core.planning.hardware import cpu_has_bf16_matmul
+
+    return (DEMO_MODEL / "model.safetensors").is_file() and cpu_has_bf16_matmul()
+
+
+@pytest.mark.skipif(not demo_runs_here(), reason="needs models/SmolLM2-135M-Instruct (make test) and bf16 matmuls")
+def test_the_demo_learns_the_answer_format(tmp_path):
+    """`make demo` as it runs (the config's sizes and seeds, all cores): its closing lines say the format rate rose
+    with p < 0.01 (issue 39), and the trained model is registered. The wiring is the tiny model's test above."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    overrides = [
+        f"actor_rollout_ref.model.path={DEMO_MODEL}",
+        f"data.train_files=[{tmp_path / 'data' / 'train.parquet'}]",
+        f"data.val_files=[{tmp_path / 'data' / 'test.parquet'}]",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        f"tracking.mlflow_tracking_uri={uri}",
+        f"tracking.model_cache_dir={tmp_path / 'models'}",
+    ]
+    cfg = load_config(REPO / "configs/demo_cpu.yaml", overrides)
+    env = {**prefect_env(tmp_path / "prefect"), "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}
+    result = grpo("pipeline", "--config", str(REPO / "configs/demo_cpu.yaml"), *overrides, env=env, cwd=tmp_path,
+                  timeout=1800)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    fmt = re.search(r"\n  format rate \(`#### N` answers, eval\): .*, p (<|=) ([\d.]+), .*: (.+)\n", result.stdout)
+    assert fmt and fmt[3] == "rose" and float(fmt[2]) < 0.01, result.stdout[-3000:]
+    name = cfg.tracking.registered_model_name or cfg.trainer.project_name
+    versions = MlflowClient(uri).search_model_versions(f"name = '{name}'")
+    assert sorted(int(v.version) for v in versions) == [1, 2]  # the base (champion from the start) and the trained
 
 
 def test_a_bad_config_fails_before_prefect_starts(tmp_path):

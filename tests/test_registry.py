@@ -146,3 +146,102 @@ def test_a_server_that_is_down_is_one_line_exit_1(tmp_path, capsys):
     assert main(args) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("error:") == 1 and "MLflow at http://127.0.0.1:" in err
+
+
+def write_adapter(model_dir: Path, out: Path, rank: int = 4, alpha: float = 8.0, seed: int = 0) -> Path:
+    """A PEFT LoRA adapter of ``model_dir`` as `grpo export --peft` writes one: every linear adapted, one A shared by
+    the modules a megatron linear fuses (q/k/v, gate/up), B random (a no-op adapter would prove nothing)."""
+    import torch
+    from safetensors.torch import save_file
+
+    config = json.loads((model_dir / "config.json").read_text())
+    hidden, inter, heads, kv = (config[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                    "num_key_value_heads"))  # fmt: skip
+    head = hidden // heads
+    g = torch.Generator().manual_seed(seed)
+    outs = {"q_proj": heads * head, "k_proj": kv * head, "v_proj": kv * head, "o_proj": hidden}
+    outs |= {"gate_proj": inter, "up_proj": inter, "down_proj": hidden}
+    ins = {name: inter if name == "down_proj" else hidden for name in outs}
+    tensors = {}
+    for layer in range(config["num_hidden_layers"]):
+        shared = {group: torch.randn(rank, hidden, generator=g) for group in ("qkv", "gate_up")}
+        for name, rows in outs.items():
+            part = "self_attn" if name.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
+            key = f"base_model.model.model.layers.{layer}.{part}.{name}"
+            group = "qkv" if name in ("q_proj", "k_proj", "v_proj") else "gate_up" if name != "down_proj" else None
+            a = shared[group] if group and name != "o_proj" else torch.randn(rank, ins[name], generator=g)
+            tensors[f"{key}.lora_A.weight"] = a.clone()
+            tensors[f"{key}.lora_B.weight"] = torch.randn(rows, rank, generator=g) * 0.1
+    out.mkdir(parents=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    adapter_config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha,
+                      "base_model_name_or_path": str(model_dir), "target_modules": sorted(outs), "lora_dropout": 0.0,
+                      "bias": "none", "fan_in_fan_out": False, "inference_mode": True}  # fmt: skip
+    (out / "adapter_config.json").write_text(json.dumps(adapter_config))
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapter_version(registry):
+    """Version 3: a LoRA adapter whose base is version 2 (``models:/NAME/2``), as a LoRA pipeline run registers it."""
+    from mlflow import MlflowClient
+
+    from grpo_core.tracking.registry import ADAPTER_BASE_TAG
+
+    uri, root = registry
+    adapter = write_adapter(root / "v2", root / "v3")
+    tags = {**provenance_tags(adapter, None), ADAPTER_BASE_TAG: f"models:/{NAME}/2"}
+    version = register(MlflowClient(uri), adapter, NAME, "lora", tags)
+    return uri, root, version
+
+
+def test_an_adapter_version_starts_a_lora_run_from_its_base_and_is_evaluated_merged(adapter_version, tmp_path, capsys):
+    """`models:/NAME@lora` (an adapter on version 2): a LoRA run resolves to version 2's weights with the adapters
+    starting from the adapter (pinned for the ranks, its base named for the next registration); a run without LoRA
+    is one line, exit 2; `grpo evaluate` evaluates the base with the adapter merged, which is peft's merge."""
+    pytest.importorskip("peft")
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from grpo_core.trainer.dry_run import resolve_run
+
+    uri, root, version = adapter_version
+    cache = tmp_path / "cache"
+    common = [f"actor_rollout_ref.model.path=models:/{NAME}@lora", f"tracking.mlflow_tracking_uri={uri}"]
+    common += [f"tracking.model_cache_dir={cache}"]
+    config = str(REPO / "configs/demo_cpu.yaml")
+    assert main(["train", "--dry-run", "--config", config, *common]) == 2
+    err = capsys.readouterr().err
+    [error] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert f"models:/{NAME}/{version} is a LoRA adapter; a run from it trains the adapter: set" in error
+    lora = ["actor_rollout_ref.model.lora.rank=4", "actor_rollout_ref.model.lora.alpha=8"]
+    assert main(["train", "--dry-run", "--config", config, *common, *lora]) == 0
+    assert f"a LoRA adapter on models:/{NAME}/2" in capsys.readouterr().out
+    run = resolve_run(config, [*common, *lora])
+    (base,) = cache.glob(f"{NAME}/v2-*/model")
+    (adapter,) = cache.glob(f"{NAME}/v{version}-*/model")
+    assert run.lora_base == f"models:/{NAME}/2" and run.start_model.is_adapter
+    pinned = run.pinned(common)[len(common) :]
+    assert pinned == [f"actor_rollout_ref.model.path={base}", f"actor_rollout_ref.model.lora.adapter_path={adapter}"]
+    other = ["actor_rollout_ref.model.lora.rank=8", "actor_rollout_ref.model.lora.alpha=8"]
+    assert main(["train", "--dry-run", "--config", config, *common, *other]) == 2
+    assert "has rank 4 and alpha 8, the run rank 8 and alpha 8" in capsys.readouterr().err
+
+    data = capitals_data(tmp_path / "data", rows=8)
+    args = ["evaluate", "--model", f"models:/{NAME}@lora", "--tracking-uri", uri, "--data", str(data / "test.parquet")]
+    args += ["--limit", "2", "--max-new-tokens", "4", "--output", str(tmp_path / "eval")]
+    env_cache = pytest.MonkeyPatch.context()
+    with env_cache as m:
+        m.setenv("GRPO_MODEL_CACHE", str(cache))
+        assert main(args) == 0
+    merged = load_file(str(adapter.parent / "merged" / "model.safetensors"))
+    with torch.no_grad():
+        expected = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter).merge_and_unload()
+    expected = expected.state_dict()
+    assert set(merged) <= set(expected) and "model.layers.0.self_attn.q_proj.weight" in merged
+    for key, value in merged.items():
+        assert torch.allclose(value, expected[key], atol=1e-6), key
+    q = "model.layers.1.mlp.gate_proj.weight"
+    assert not torch.allclose(merged[q], load_file(str(base / "model.safetensors"))[q], atol=1e-3)  # it acts

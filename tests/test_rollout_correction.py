@@ -70,10 +70,16 @@ def test_rejection_by_token_and_by_sequence():
     torch.testing.assert_close(kept, mask * torch.tensor([[1, 0, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]], dtype=F64))
     assert m["rollout_rs_token_k1_masked_fraction"] == pytest.approx(1 / 5)
     assert m["rollout_rs_token_k1_seq_masked_fraction"] == pytest.approx(1 / 2)  # of the non-empty rows
+    assert m["rollout_rs_token_k1_mean"] == pytest.approx((-0.5 + 1 + 0 - 0.1 - 0.2) / 5, abs=1e-12)  # -l, valid tokens
+    assert (m["rollout_rs_token_k1_max"], m["rollout_rs_token_k1_min"]) == pytest.approx((1.0, -0.5))
     # seq_mean_k2: mean of l^2 / 2: row 0 (0.125 + 0.5 + 0) / 3 = 0.2083, row 1 (0.005 + 0.02) / 2 = 0.0125;
     # upper 0.1 drops all of row 0
     kept, m = rollout_rejection_mask(old, rollout, mask, "seq_mean_k2", 0.1)
     assert kept[0].sum() == 0 and torch.equal(kept[1], mask[1])
+    seq_k2 = [(0.125 + 0.5) / 3, (0.005 + 0.02) / 2]  # the statistic per non-empty response (row 2 is empty)
+    assert m["rollout_rs_seq_mean_k2_mean"] == pytest.approx(sum(seq_k2) / 2, abs=1e-12)
+    assert (m["rollout_rs_seq_mean_k2_max"], m["rollout_rs_seq_mean_k2_min"]) == pytest.approx(seq_k2)
+    assert m["rollout_rs_seq_mean_k2_std"] == pytest.approx((seq_k2[0] - seq_k2[1]) / 2, abs=1e-12)
     assert m["rollout_rs_masked_fraction"] == pytest.approx(3 / 5)
     # seq_max_k3 (e^l - 1 - l): row 0 max over e^0.5 - 1.5 = 0.1487, e^-1 = 0.3679, 0 -> 0.3679; row 1 max
     # e^0.2 - 1.2 = 0.0214; seq_sum_k1: -(sum l) = 0.5 and -0.3, window one number 2 -> [0.5, 2] in ratio:
@@ -144,3 +150,36 @@ def test_rollout_corr_metrics_by_hand():
     assert m["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(
         1 / (sum((x / (mean + 1e-8)) ** 2 for x in ws) / 5), abs=1e-9
     )
+
+
+def test_rollout_corr_sequence_and_perplexity_metrics_by_hand():
+    """verl's rollout_is_seq_*, batch_norm_factor and off-policy diagnostics. The engine's log-probs are 0, so
+    each response's mean old log-prob is -(its mean l): row 0 -1/6, row 1 0.15 (row 2 is empty)."""
+    old, rollout, mask = _rows()
+    exp = math.exp
+    w = rollout_is_weights(old, rollout, mask, "token", 1.5, batch_normalize=True)
+    m = rollout_corr_metrics(w, old, rollout, mask, 1.5, "token", batch_normalize=True)
+    seq = [(exp(0.5) + exp(-1) + 1) / 3, (exp(0.1) + exp(0.2)) / 2]  # each row's mean token ratio
+    assert m["rollout_corr/rollout_is_seq_mean"] == pytest.approx(sum(seq) / 2, abs=1e-12)
+    assert m["rollout_corr/rollout_is_seq_max"] == pytest.approx(max(seq), abs=1e-12)
+    assert m["rollout_corr/rollout_is_seq_std"] == pytest.approx(abs(seq[0] - seq[1]) / 2, abs=1e-12)
+    assert m["rollout_corr/rollout_is_seq_max_deviation"] == pytest.approx(max(abs(s - 1) for s in seq), abs=1e-12)
+    truncated = [min(exp(x), 1.5) for x in (0.5, -1.0, 0.0, 0.1, 0.2)]
+    assert m["rollout_corr/rollout_is_batch_norm_factor"] == pytest.approx(sum(truncated) / 5, abs=1e-12)
+    diff = [1 / 6, -0.15]  # mean log p_rollout - mean log p_old, per response
+    assert m["rollout_corr/training_log_ppl"] == pytest.approx(sum(diff) / 2, abs=1e-12)
+    assert m["rollout_corr/training_ppl"] == pytest.approx((exp(1 / 6) + exp(-0.15)) / 2, abs=1e-12)
+    assert m["rollout_corr/rollout_log_ppl"] == 0 and m["rollout_corr/rollout_ppl"] == 1
+    assert m["rollout_corr/log_ppl_diff"] == pytest.approx(sum(diff) / 2, abs=1e-12)
+    assert m["rollout_corr/log_ppl_abs_diff"] == pytest.approx((1 / 6 + 0.15) / 2, abs=1e-12)
+    assert (m["rollout_corr/log_ppl_diff_max"], m["rollout_corr/log_ppl_diff_min"]) == pytest.approx((1 / 6, -0.15))
+    assert m["rollout_corr/ppl_ratio"] == pytest.approx((exp(1 / 6) + exp(-0.15)) / 2, abs=1e-12)
+    chi2_token = sum(exp(2 * x) for x in (0.5, -1.0, 0.0, 0.1, 0.2)) / 5 - 1
+    assert m["rollout_corr/chi2_token"] == pytest.approx(chi2_token, abs=1e-12)
+    assert m["rollout_corr/chi2_seq"] == pytest.approx((exp(-1.0) + exp(0.6)) / 2 - 1, abs=1e-12)
+    # sequence level: row 0's ratio e^-0.5 is below 1 / 1.5, row 1's e^0.3 inside the window
+    ws = rollout_is_weights(old, rollout, mask, "sequence", 1.5)
+    s = rollout_corr_metrics(ws, old, rollout, mask, 1.5, "sequence")
+    assert s["rollout_corr/rollout_is_seq_mean"] == pytest.approx((exp(-0.5) + exp(0.3)) / 2, abs=1e-12)
+    assert (s["rollout_corr/rollout_is_seq_fraction_low"], s["rollout_corr/rollout_is_seq_fraction_high"]) == (0.5, 0)
+    assert "rollout_corr/rollout_is_batch_norm_factor" not in s

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpo_core.rollout import Generation, SamplingSettings, to_rollout_batch
+from grpo_core.rollout import Generation, SamplingSettings, draw, to_rollout_batch
 from tests.support.tiny import TOKENIZER, tiny_llama
 
 
@@ -63,6 +63,23 @@ def test_greedy_is_deterministic_and_matches_plain_generate(tokenizer, prompts):
     for i, prompt in enumerate(prompts):
         plain = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8, min_new_tokens=8)
         assert gen.response_ids[2 * i] == gen.response_ids[2 * i + 1] == plain[0, len(prompt) :].tolist()
+
+
+def test_draw_adds_a_greedy_baseline_per_prompt_that_is_not_a_sample(tokenizer, prompts):
+    """remax's baseline: one greedy answer per prompt beside the n samples, kept through a regrouping and a concat."""
+    from grpo_core.rollout.hf import HFEngine
+
+    model = tiny_llama()
+    engine = HFEngine(model, tokenizer)
+    settings = SamplingSettings(n=3, temperature=1.0, max_new_tokens=5, seed=2, greedy_baseline=True)
+    gen = draw(engine, prompts, settings)
+    plain = engine.generate(prompts, SamplingSettings(n=3, temperature=1.0, max_new_tokens=5, seed=2))
+    assert gen.response_ids == plain.response_ids and gen.group_index == plain.group_index  # the samples as without
+    greedy = engine.generate(prompts, SamplingSettings(n=1, temperature=0.0, max_new_tokens=5)).response_ids
+    assert gen.baseline_ids == greedy and plain.baseline_ids is None
+    assert gen.groups([2, 0]).baseline_ids == [greedy[2], greedy[0]]
+    assert Generation.concat([gen.groups([1]), gen.groups([0])]).baseline_ids == [greedy[1], greedy[0]]
+    assert Generation.concat([gen, plain]).baseline_ids is None  # a part without baselines: none for the whole
 
 
 def test_stop_token_trims_and_sets_finish_reason(tokenizer, prompts):

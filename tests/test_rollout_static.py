@@ -230,3 +230,36 @@ def test_dry_run_refuses_the_static_engine_for_moe(capsys):
     err = capsys.readouterr().err
     assert "rollout.name=static runs dense Llama/Qwen2/Qwen3 without RoPE scaling, not this qwen3_moe (MoE)" in err
     assert "Traceback" not in err
+
+
+def test_packed_bf16_weights_give_the_unpacked_engines_tokens_and_log_probs(tmp_path):
+    """On CPUs with oneDNN bf16 the engine multiplies by weights packed once (``pack``): the same products as
+    ``F.linear``, so the same greedy tokens and log-probs, and after ``update_weights`` the packed copies follow."""
+    from grpo_core.rollout.static import StaticEngine, can_pack
+
+    if not can_pack(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("this CPU's oneDNN has no bf16")
+    model, shape = tiny("qwen2", tmp_path)
+    settings = SamplingSettings(n=2, temperature=0.0, max_new_tokens=8)
+    engines = [
+        StaticEngine(shape, [511], "bfloat16", max_model_len=128, max_batch_size=8, pack_weights=p)
+        for p in (True, False)
+    ]
+    assert engines[0]._packed is None and engines[1]._packed is None
+    for step in range(2):
+        if step:  # the lm_head (untied in qwen2) and a layer's MLP change: both engines must follow
+            with torch.no_grad():
+                model.lm_head.weight.mul_(1.5)
+                model.model.layers[1].mlp.down_proj.weight.mul_(-1)
+        for engine in engines:
+            engine.update_weights(model.state_dict().items())
+        packed, plain = (engine.generate(PROMPTS, settings) for engine in engines)
+        assert packed.response_ids == plain.response_ids
+        torch.testing.assert_close(
+            torch.tensor(packed.response_log_probs), torch.tensor(plain.response_log_probs), atol=1e-6, rtol=0
+        )
+        if step == 0:
+            first = packed.response_log_probs
+    assert packed.response_log_probs != first  # the update reached the packed weights
+    with pytest.raises(ValueError, match="pack_weights"):
+        StaticEngine(shape, [511], "float32", max_model_len=128, pack_weights=True)

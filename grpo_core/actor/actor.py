@@ -24,7 +24,8 @@ from grpo_core.actor.parallel import device, send
 from grpo_core.algos import agg_denominator
 from grpo_core.data.batch import RolloutBatch
 from grpo_core.models import fused
-from grpo_core.models.bridge import DTYPES, build_model, load_hf_weights, transformer_config
+from grpo_core.models.adapter import read_adapter
+from grpo_core.models.bridge import DTYPES, build_model, load_hf_weights, load_peft_adapter, transformer_config
 from grpo_core.models.lora import LoRASettings, adapters_disabled, apply_lora, is_adapter_param
 from grpo_core.models.shape import ModelShape
 from grpo_core.numerics import NotFinite, finite_each
@@ -157,7 +158,15 @@ class MicroBatch:
 
 
 class MegatronActor:
-    def __init__(self, shape: ModelShape, settings: ActorSettings, hf_path: str | None = None, trainable: bool = True):
+    def __init__(
+        self,
+        shape: ModelShape,
+        settings: ActorSettings,
+        hf_path: str | None = None,
+        trainable: bool = True,
+        adapter_path: str | None = None,
+    ):
+        """``adapter_path``: a PEFT adapter directory the LoRA adapters start from (``model.lora.adapter_path``)."""
         self.shape, self.s, self.trainable = shape, settings, trainable
         layout = settings.layout
         self.config = transformer_config(
@@ -185,6 +194,8 @@ class MegatronActor:
         if settings.lora.enabled:  # after the weights, before DDP and the optimizer see the params
             for chunk in self.model:
                 apply_lora(chunk, settings.lora)
+            if adapter_path is not None:
+                load_peft_adapter(self.model, shape, read_adapter(adapter_path))
         if trainable:
             self._wrap_for_training()
         else:

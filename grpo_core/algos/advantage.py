@@ -296,3 +296,28 @@ def compute_gdpo_outcome_advantage(
     mask = response_mask.to(total.dtype)
     advantages = masked_whiten(total, mask) * mask
     return advantages, advantages.clone()
+
+
+@register_adv_estimator("remax")
+@torch.no_grad()
+def compute_remax_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence | np.ndarray | torch.Tensor | None = None,
+    reward_baselines: torch.Tensor | None = None,
+    **_options,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (Li et al. 2023, arXiv 2310.10505): REINFORCE whose baseline is the reward of the policy's greedy
+    response to the same prompt, which costs one extra greedy generation per prompt instead of a critic. Each
+    token's return-to-go (its reward plus every later token's: the response's score on every token when only the
+    last token is rewarded) minus its row's baseline. ``reward_baselines`` [batch]: the greedy response's score
+    for each row's prompt (the trainer draws it with the rollouts). ``index`` is unused. Returns (advantages,
+    returns), zero off the mask."""
+    if reward_baselines is None:
+        raise ValueError("remax needs reward_baselines: the score of a greedy response to each row's prompt")
+    if reward_baselines.shape != token_level_rewards.shape[:1]:
+        raise ValueError(f"remax: {reward_baselines.shape[0]} reward baselines for {token_level_rewards.shape[0]} rows")
+    mask = response_mask.to(token_level_rewards.dtype)
+    returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1)
+    advantages = (returns - reward_baselines.to(returns.dtype).unsqueeze(-1)) * mask
+    return advantages, returns * mask

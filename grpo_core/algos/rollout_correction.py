@@ -60,14 +60,19 @@ def rollout_is_weights(
     weights = raw.clamp(max=upper) if lower is None else raw * ((raw >= lower) & (raw <= upper))
     weights = weights * mask
     if batch_normalize:
-        if level == "token":
-            mean = weights.sum() / mask.sum().clamp(min=1)
-        else:
-            rows = mask.sum(dim=-1) > 0
-            seq = weights.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
-            mean = seq[rows].sum() / rows.sum().clamp(min=1)
+        mean = batch_norm_factor(weights, mask, level)
         weights = torch.where(mean > 1e-8, weights / mean, weights)
     return weights
+
+
+def batch_norm_factor(weights: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """What ``rollout_is_batch_normalize`` divides the weights by: their mean over the valid tokens (token level)
+    or over the non-empty rows' weights (sequence level, one weight a row)."""
+    if level == "token":
+        return weights.sum() / mask.sum().clamp(min=1)
+    rows = mask.sum(dim=-1) > 0
+    seq = weights.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
+    return seq[rows].sum() / rows.sum().clamp(min=1)
 
 
 @torch.no_grad()
@@ -149,7 +154,8 @@ def rollout_rejection_mask(
     rollout_rs: str,
     rollout_rs_threshold: float | str,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """(the response mask with the rejected tokens zeroed, verl's ``rollout_rs_*`` metrics). A token is kept only if
+    """(the response mask with the rejected tokens zeroed, verl's ``rollout_rs_*`` metrics: each option's statistic's
+    mean/max/min/std and the shares it masks, and the shares masked in all). A token is kept only if
     every option accepts it: a token option judges the token, a sequence option its whole response. With
     l = log pi_old - log pi_rollout (clamped to +-20): k1 keeps log(lower) <= -l <= log(upper) (summed or averaged
     over the response for seq_*_k1), k2 and k3 keep their value <= upper."""
@@ -172,6 +178,7 @@ def rollout_rejection_mask(
         elif level == "seq_max":
             value = value.masked_fill(~valid, float("-inf")).max(dim=-1, keepdim=True).values
             value = torch.where(torch.isinf(value), torch.zeros_like(value), value)
+        metrics |= _statistic_metrics(option, value[rows] if level != "token" else value[valid])
         value = value.expand_as(mask)
         ok = (value >= math.log(lower)) & (value <= math.log(upper)) if estimator == "k1" else value <= upper
         keep &= ok
@@ -182,6 +189,20 @@ def rollout_rejection_mask(
     metrics["rollout_rs_masked_fraction"] = _share(dropped.sum(), valid.sum())
     metrics["rollout_rs_seq_masked_fraction"] = _share(dropped.any(-1).sum(), torch.tensor(mask.shape[0]))
     return (response_mask * keep).to(response_mask.dtype), metrics
+
+
+def _statistic_metrics(option: str, values: torch.Tensor) -> dict[str, float]:
+    """verl's ``rollout_rs_{option}_mean/max/min/std``: the statistic the option compares with its threshold, over
+    the valid tokens (token options) or the non-empty responses (seq options); std of the population."""
+    if values.numel() == 0:
+        return {}
+    v = values.double().flatten()
+    return {
+        f"rollout_rs_{option}_mean": v.mean().item(),
+        f"rollout_rs_{option}_max": v.max().item(),
+        f"rollout_rs_{option}_min": v.min().item(),
+        f"rollout_rs_{option}_std": v.std(unbiased=False).item(),
+    }
 
 
 def _share(count: torch.Tensor, total: torch.Tensor) -> float:
@@ -195,24 +216,45 @@ def rollout_corr_metrics(
     rollout_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
     threshold: float | str,
+    level: str = "token",
+    batch_normalize: bool = False,
 ) -> dict[str, float]:
     """verl's ``rollout_corr/*`` metrics of the importance weights (when on) and of the policies' mismatch:
     rollout_is_mean/max/min/std over valid tokens, rollout_is_eff_sample_size (1 / mean of (w / mean w)^2, the
     weights clamped at the upper threshold), rollout_is_ratio_fraction_high/low (raw token ratios beyond the
-    bounds; lower: the given one or 1 / upper), and the mismatch's KL(pi_rollout || pi_old) estimates kl (k1) and
-    k3_kl, over valid tokens."""
+    bounds; lower: the given one or 1 / upper); rollout_is_seq_* of each response's raw ratio at ``level`` (token:
+    the mean of its tokens' ratios; sequence: the ratio of the whole response); rollout_is_batch_norm_factor
+    with ``batch_normalize``; and the mismatch's diagnostics (``offpolicy_metrics``)."""
     valid = response_mask.bool()
     if not valid.any():
         return {}
     upper, lower = parse_is_threshold(threshold)
     lower = 1.0 / upper if lower is None else lower
     log_ratio = (old_log_prob - rollout_log_prob)[valid].double()
-    out = {
-        "rollout_corr/kl": (-log_ratio).mean().item(),
-        "rollout_corr/k3_kl": (log_ratio.exp() - log_ratio - 1).mean().item(),
-    }
+    out = offpolicy_metrics(old_log_prob, rollout_log_prob, response_mask)
     if weights is None:
         return out
+    mask = response_mask.double()
+    rows = mask.sum(dim=-1) > 0
+    token_ratios = ((old_log_prob - rollout_log_prob).double() * mask).clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()
+    if level == "sequence":
+        seq_log_ratio = ((old_log_prob - rollout_log_prob).double() * mask).sum(dim=-1)
+        seq = seq_log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()[rows]
+    else:
+        seq = ((token_ratios * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1))[rows]
+    out |= {
+        "rollout_corr/rollout_is_seq_mean": seq.mean().item(),
+        "rollout_corr/rollout_is_seq_std": seq.std(unbiased=False).item(),
+        "rollout_corr/rollout_is_seq_max": seq.max().item(),
+        "rollout_corr/rollout_is_seq_min": seq.min().item(),
+        "rollout_corr/rollout_is_seq_max_deviation": (seq - 1).abs().max().item(),
+        "rollout_corr/rollout_is_seq_fraction_high": (seq > upper).double().mean().item(),
+        "rollout_corr/rollout_is_seq_fraction_low": (seq < lower).double().mean().item(),
+    }
+    if batch_normalize:
+        unnormalised = rollout_is_weights(old_log_prob, rollout_log_prob, response_mask, level, threshold)
+        factor = batch_norm_factor(unnormalised, response_mask.to(unnormalised.dtype), level)
+        out["rollout_corr/rollout_is_batch_norm_factor"] = factor.item()
     w = weights[valid].double()
     raw = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()
     clamped = w.clamp(min=0.0, max=upper)
@@ -226,3 +268,41 @@ def rollout_corr_metrics(
         "rollout_corr/rollout_is_ratio_fraction_low": (raw < lower).double().mean().item(),
     }
     return out
+
+
+@torch.no_grad()
+def offpolicy_metrics(
+    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """verl's diagnostics of how far the engine's policy is from the old one, over valid tokens or non-empty rows:
+    kl (k1 estimate of KL(pi_rollout || pi_old)), k3_kl; each response's log perplexity -mean(log p) under either
+    policy (training_log_ppl, rollout_log_ppl, their exps training_ppl, rollout_ppl, means over responses);
+    log_ppl_diff = mean log p_rollout - mean log p_old a response (training_log_ppl - rollout_log_ppl), its mean,
+    mean absolute value, max and min; ppl_ratio = mean training_ppl / rollout_ppl a response; chi2_token and
+    chi2_seq = E[rho^2] - 1 of the token ratios and of the responses' ratios (log-ratios clamped to +-20)."""
+    valid = response_mask.bool()
+    if not valid.any():
+        return {}
+    mask = response_mask.double()
+    old, engine = old_log_prob.double() * mask, rollout_log_prob.double() * mask
+    log_ratio = (old - engine)[valid]
+    rows = mask.sum(dim=-1) > 0
+    lengths = mask.sum(dim=-1)[rows]
+    mean_old, mean_engine = old.sum(dim=-1)[rows] / lengths, engine.sum(dim=-1)[rows] / lengths
+    diff = mean_engine - mean_old
+    seq_log_ratio = (old - engine).sum(dim=-1)[rows].clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    return {
+        "rollout_corr/kl": (-log_ratio).mean().item(),
+        "rollout_corr/k3_kl": (log_ratio.exp() - log_ratio - 1).mean().item(),
+        "rollout_corr/training_log_ppl": (-mean_old).mean().item(),
+        "rollout_corr/training_ppl": (-mean_old).exp().mean().item(),
+        "rollout_corr/rollout_log_ppl": (-mean_engine).mean().item(),
+        "rollout_corr/rollout_ppl": (-mean_engine).exp().mean().item(),
+        "rollout_corr/log_ppl_diff": diff.mean().item(),
+        "rollout_corr/log_ppl_abs_diff": diff.abs().mean().item(),
+        "rollout_corr/log_ppl_diff_max": diff.max().item(),
+        "rollout_corr/log_ppl_diff_min": diff.min().item(),
+        "rollout_corr/ppl_ratio": diff.exp().mean().item(),
+        "rollout_corr/chi2_token": (2 * log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)).exp().mean().item() - 1,
+        "rollout_corr/chi2_seq": (2 * seq_log_ratio).exp().mean().item() - 1,
+    }

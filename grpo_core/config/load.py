@@ -33,12 +33,24 @@ ALIASES = {
     "actor_rollout_ref.model.lora_alpha": "actor_rollout_ref.model.lora.alpha",
     "actor_rollout_ref.model.target_modules": "actor_rollout_ref.model.lora.target_modules",
     "actor_rollout_ref.model.exclude_modules": "actor_rollout_ref.model.lora.exclude_modules",
+    "actor_rollout_ref.model.lora_adapter_path": "actor_rollout_ref.model.lora.adapter_path",
 }
 """The guide's (and verl's other) spellings -> this tree's keys. Both are accepted; setting both differently in
 one place is an error."""
 
-PREFIX_ALIASES = {"actor_rollout_ref.actor.optimizer.": "actor_rollout_ref.actor.optim."}
-"""Whole sections under another name: the guide writes ``actor.optimizer.lr``, verl ``actor.optim.lr``."""
+PREFIX_ALIASES = {
+    "actor_rollout_ref.actor.optimizer.": "actor_rollout_ref.actor.optim.",
+    "reward_model.overlong_buffer.": "reward_model.reward_kwargs.overlong_buffer_cfg.",
+}
+"""Whole sections under another name: the guide writes ``actor.optimizer.lr``, verl ``actor.optim.lr``; verl's DAPO
+recipe (recipe/dapo, main_dapo) ``reward_model.overlong_buffer.*``, its main trainer
+``reward_model.reward_kwargs.overlong_buffer_cfg.*``."""
+
+IMPLIED_BY_ALIAS = {
+    "reward_model.overlong_buffer.": ("reward_model.reward_kwargs.max_resp_len", "${data.max_response_length}"),
+}
+"""What an alias section's spelling implies unless it is set: verl's DAPO recipe counts the overlong buffer back
+from data.max_response_length (its reward manager is built with max_resp_len=data.max_response_length)."""
 
 SPLIT_ALIASES = {
     "actor_rollout_ref.actor.optim.betas": (
@@ -50,6 +62,10 @@ SPLIT_ALIASES = {
 
 VERL_CONFIG_NAMES = ("ppo_megatron_trainer", "ppo_trainer")
 """``--config-name`` values of verl's own trainer configs: they mean this project's defaults."""
+
+LOWER_UPPER_KEYS = ("rollout_is_threshold", "rollout_rs_threshold")
+"""Settings whose value may be verl's ``"lower_upper"`` string: YAML 1.1 and OmegaConf read an unquoted ``0.5_2``
+as the number 0.52 (``_`` as a digit separator), so for these keys the text as written is kept."""
 
 SETTINGS = dict(iter_settings())
 SECTIONS = {key.rsplit(".", i)[0] for key in SETTINGS for i in range(1, key.count(".") + 1)}
@@ -92,21 +108,33 @@ def _flatten(tree: Any, prefix: str = "", whole_dicts: bool = True) -> dict[str,
     return flat
 
 
-def _line_numbers(text: str) -> dict[str, int]:
-    """Dotted key -> 1-based line of that key in a YAML document."""
+def _line_numbers(text: str) -> tuple[dict[str, int], dict[str, str]]:
+    """Dotted key -> 1-based line of that key in a YAML document, and dotted key -> a scalar value's text as
+    written (before YAML turns it into a number)."""
     lines: dict[str, int] = {}
+    texts: dict[str, str] = {}
 
     def walk(node: yaml.Node, prefix: str) -> None:
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:
                 key = f"{prefix}{key_node.value}"
                 lines[key] = key_node.start_mark.line + 1
+                if isinstance(value_node, yaml.ScalarNode):
+                    texts[key] = value_node.value
                 walk(value_node, key + ".")
 
     root = yaml.compose(text)
     if root is not None:
         walk(root, "")
-    return lines
+    return lines, texts
+
+
+def _as_written(key: str, value: Any, text: str) -> Any:
+    """``text`` for a ``lower_upper`` setting that YAML or OmegaConf read as a number with a digit separator
+    (``0.5_2`` -> 0.52), else ``value``."""
+    lower_upper = key.rsplit(".", 1)[-1] in LOWER_UPPER_KEYS
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return text.strip().strip("'\"") if lower_upper and number and "_" in text else value
 
 
 def _read_text(path: Path) -> str:
@@ -137,14 +165,16 @@ def _read_yaml(path: Path) -> list[_Value]:
         raise ConfigError([f"{where}: malformed YAML: {getattr(e, 'problem', None) or e}"]) from None
     if not isinstance(tree, dict):
         raise ConfigError([f"{path}: the top level must be a mapping of sections, got {type(tree).__name__}"])
-    lines = _line_numbers(text)
-    return [_Value(k, v, f"{path}:{lines.get(k, 1)}") for k, v in _flatten(tree).items()]
+    lines, texts = _line_numbers(text)
+    return [
+        _Value(k, _as_written(k, v, texts.get(k, "")), f"{path}:{lines.get(k, 1)}") for k, v in _flatten(tree).items()
+    ]
 
 
 def _read_overrides(overrides: list[str]) -> tuple[list[_Value], list[str]]:
     values, problems = [], []
     for raw in overrides:
-        key, sep, _ = raw.partition("=")
+        key, sep, text = raw.partition("=")
         if not sep or not key.lstrip("+"):
             problems.append(f"override {masked_word(raw)!r}: expected key=value or +key=value")
             continue
@@ -154,6 +184,7 @@ def _read_overrides(overrides: list[str]) -> tuple[list[_Value], list[str]]:
             problems.append(f"override {masked_word(raw)!r}: {str(e).splitlines()[0]}")
             continue
         for k, v in _flatten(parsed, whole_dicts=False).items():
+            v = _as_written(k, v, text) if k == key.lstrip("+") else v  # not in a whole section given at once
             values.append(_Value(k, v, f"override {masked_word(raw)!r}", raw.startswith("+"), key))
     return values, problems
 
@@ -195,6 +226,17 @@ def _resolve_aliases(values: list[_Value]) -> tuple[list[_Value], list[str]]:
             )
         by_key[canonical] = _Value(canonical, a.value, a.where, a.add, a.override)
     return list(by_key.values()), problems
+
+
+def _implied(values: list[_Value]) -> list[_Value]:
+    """The settings ``IMPLIED_BY_ALIAS`` gives for the aliases among ``values`` (read before aliases resolve):
+    applied before every source, so any setting of them, in a file or an override, wins."""
+    out = []
+    for prefix, (key, value) in IMPLIED_BY_ALIAS.items():
+        first = next((v for v in values if v.key.startswith(prefix)), None)
+        if first is not None:
+            out.append(_Value(key, value, first.where))
+    return out
 
 
 def _unknown_key_message(v: _Value) -> str:
@@ -256,12 +298,17 @@ def load_config_with_notes(path: str | Path | None, overrides: list[str] = ()) -
     problems: list[str] = []
     notes: dict[str, str] = {}
     sources: list[tuple[list[_Value], bool]] = []
+    implied: list[_Value] = []
     if path is not None:
-        file_values, alias_problems = _resolve_aliases(_read_yaml(Path(path)))
+        file_values = _read_yaml(Path(path))
+        implied += _implied(file_values)
+        file_values, alias_problems = _resolve_aliases(file_values)
         problems += alias_problems
         sources.append((file_values, True))
     override_values, override_problems = _read_overrides(list(overrides))
     problems += override_problems
+    implied += _implied(override_values)
+    sources.insert(0, (implied, True))
     override_values, alias_problems = _resolve_aliases(override_values)
     problems += alias_problems
     sources.append((override_values, False))

@@ -63,6 +63,9 @@ class LoRAConfig:
     lora_B_init_method: str = setting(
         "zero", "initialisation of B (zero: training starts at the base)", ("zero", "xavier", "kaiming")
     )
+    adapter_path: str | None = setting(
+        None, "a PEFT adapter directory (grpo export --peft) the adapters start from instead of their init"
+    )
 
 
 @dataclass
@@ -293,8 +296,8 @@ class RolloutCorrectionConfig:
     )
     rollout_is_threshold: Any = setting(
         2.0,
-        "a number: the upper bound the weights are truncated at (TIS); 'lower_upper' (e.g. '0.5_5.0'): weights "
-        "outside [lower, upper] are 0 (IcePop)",
+        "a number: the upper bound the weights are truncated at (TIS); 'lower_upper' (e.g. '0.5_5.0'; unquoted 0.5_2 "
+        "too, not YAML's 0.52): weights outside [lower, upper] are 0 (IcePop)",
     )
     rollout_is_batch_normalize: bool = setting(
         False, "divide the step's importance weights by their mean (per token, or per sequence), so they average 1"
@@ -338,7 +341,8 @@ class AlgorithmConfig:
     adv_estimator: str = setting(
         "grpo",
         "advantage estimator, verl's names: grpo, grpo_vectorized, rloo, rloo_vectorized, reinforce_plus_plus, "
-        "reinforce_plus_plus_baseline, gdpo (one reward component), grpo_passk, opo, gpg",
+        "reinforce_plus_plus_baseline, gdpo (one reward component), grpo_passk, opo, gpg, remax (baseline: a greedy "
+        "response per prompt, drawn with the rollouts and scored, not trained on)",
     )
     norm_adv_by_std_in_grpo: bool = setting(True, "divide by the group's std (false: Dr.GRPO)")
     gamma: float = setting(1.0, "discount of the token-level rewards' returns (reinforce_plus_plus)")
@@ -362,7 +366,11 @@ class OverlongBufferConfig:
 
 @dataclass
 class RewardKwargs:
-    max_resp_len: int | None = setting(None, "the response length the overlong buffer counts back from")
+    max_resp_len: int | None = setting(
+        None,
+        "the response length the overlong buffer counts back from (given as recipe/dapo's "
+        "reward_model.overlong_buffer.*: data.max_response_length unless set)",
+    )
     overlong_buffer_cfg: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO's overlong reward shaping")
 
 

@@ -731,6 +731,8 @@ def _check_lora(cfg: GRPOConfig, shape: ModelShape | None, r: Report) -> None:
     lora, key = cfg.actor_rollout_ref.model.lora, "actor_rollout_ref.model.lora"
     if lora.rank < 0:
         r.errors.append(f"{key}.rank={lora.rank} must be >= 0 (0: LoRA off)")
+    if lora.adapter_path is not None:
+        _check_adapter(lora, key, r)
     if lora.rank <= 0:
         return
     if lora.alpha <= 0:
@@ -745,11 +747,33 @@ def _check_lora(cfg: GRPOConfig, shape: ModelShape | None, r: Report) -> None:
     if not lora.target_modules and not lora.exclude_modules:
         r.errors.append(f"{key}.target_modules is empty: no linear would get an adapter")
     m = cfg.actor_rollout_ref.actor.megatron
+    if m.context_parallel_size > 1:  # else the ranks would stop at the model's build (SDPAttention: models/spec.py)
+        r.errors.append(
+            f"{key}: LoRA with context parallelism (context_parallel_size={m.context_parallel_size}) is not offered "
+            "here: the adapters sit on megatron's own linears, whose layer spec has no context-parallel attention; "
+            "set actor_rollout_ref.actor.megatron.context_parallel_size=1"
+        )
     if shape is not None and shape.is_moe and (m.expert_tensor_parallel_size or m.tensor_model_parallel_size) > 1:
         r.errors.append(
             f"{key}: LoRA on experts split over expert tensor parallelism is not offered here; set "
             "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1"
         )
+
+
+def _check_adapter(lora, key: str, r: Report) -> None:
+    """A start adapter (``lora.adapter_path``) is a readable PEFT LoRA adapter of the run's rank and alpha."""
+    from grpo_core.models.adapter import AdapterError, read_adapter, settings_mismatch
+
+    if lora.rank <= 0:
+        r.errors.append(f"{key}.adapter_path needs LoRA on: set {key}.rank to the adapter's rank")
+        return
+    try:
+        adapter = read_adapter(lora.adapter_path)
+    except (AdapterError, OSError, ValueError, KeyError) as e:
+        r.errors.append(f"{key}.adapter_path: {e}")
+        return
+    if mismatch := settings_mismatch(adapter, lora.rank, lora.alpha):
+        r.errors.append(f"{key}.adapter_path: {mismatch}; set {key}.rank and {key}.alpha to the adapter's")
 
 
 def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:

@@ -241,12 +241,6 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
     ),
     *_refused("LoRA adapters in a dtype of their own (they take the model's)", f"{ARR}.model.lora.dtype", off=(None,)),
     *_refused(
-        "starting from a saved LoRA adapter (adapter_path)",
-        f"{ARR}.model.lora.adapter_path",
-        f"{ARR}.model.lora_adapter_path",
-        off=(None,),
-    ),
-    *_refused(
         "megatron-bridge's all-to-all LoRA (a2a_experimental)", f"{ARR}.model.lora.a2a_experimental", off=(False,)
     ),
     *_ignored(
@@ -323,7 +317,9 @@ IGNORED_AND_REFUSED: list[ForeignKey] = [
         "algorithm.kl_ctrl.target_kl",
     ),
     *_refused(
-        "per-component rewards for gdpo (rewards here return one score, gdpo's only component)",
+        "per-component rewards for gdpo (the scorer keeps one number per response: a custom reward's dict gives "
+        "its 'score' and drops the other keys, verl's reward_extra_info that gdpo_reward_keys names; without "
+        "them gdpo normalises the one score)",
         "algorithm.gdpo_reward_keys",
         "algorithm.gdpo_reward_weights",
         off=(None, []),
@@ -410,10 +406,6 @@ REFUSED_VALUES: dict[tuple[str, Any], str] = {
     (f"{ARR}.rollout.name", "sglang"): "the SGLang rollout engine",
     (f"{ARR}.rollout.name", "trtllm"): "the TensorRT-LLM rollout engine",
     ("algorithm.adv_estimator", "gae"): "GAE, which needs a critic (value model)",
-    ("algorithm.adv_estimator", "remax"): (
-        "the remax advantage estimator (its baseline is a greedy response per prompt, which the engines do not "
-        "draw in the sampling call)"
-    ),
     ("algorithm.kl_ctrl.type", "adaptive"): "the adaptive in-reward KL controller",
     ("reward_model.reward_manager", "prime"): "PRIME's reward manager",
     ("reward_model.reward_manager", "batch"): "the batch reward manager",

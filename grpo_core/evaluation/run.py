@@ -15,7 +15,10 @@ from pathlib import Path
 
 from grpo_core.data.lineage import dataset_digest
 from grpo_core.evaluation.gsm8k import EvalProgress, EvalResult, evaluate, write_eval_set, write_results
+from grpo_core.models.adapter import ADAPTER_CONFIG
 from grpo_core.trainer.checkpoint import HF_EXPORT, STATE_FILE, CheckpointError, verify_checkpoint
+
+PEFT_EXPORT = "peft"  # a LoRA checkpoint's PEFT adapter directory, beside its merged ``hf``: what the registry versions
 
 
 @dataclass(frozen=True)
@@ -55,17 +58,19 @@ def is_checkpoint(path: str | Path) -> bool:
     return (Path(path) / STATE_FILE).is_file()
 
 
-def exported_model(checkpoint: str | Path) -> Path:
-    """``<checkpoint>/hf``: written with the checkpoint (save_contents' hf_model), else by ``grpo export`` now."""
+def exported_model(checkpoint: str | Path, peft: bool = False) -> Path:
+    """``<checkpoint>/hf``: written with the checkpoint (save_contents' hf_model), else by ``grpo export`` now.
+    With ``peft``: a LoRA checkpoint's adapter directory, ``<checkpoint>/peft`` (``grpo export --peft``)."""
     checkpoint = Path(checkpoint)
     verify_checkpoint(checkpoint)  # also when exported before: the export is only as good as the checkpoint
-    out = checkpoint / HF_EXPORT
-    if (out / "config.json").is_file():
+    name, done_file = (PEFT_EXPORT, ADAPTER_CONFIG) if peft else (HF_EXPORT, "config.json")
+    out = checkpoint / name
+    if (out / done_file).is_file():
         return out
-    partial = checkpoint / f"{HF_EXPORT}.partial"
+    partial = checkpoint / f"{name}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     done = subprocess.run(
-        [sys.executable, "-m", "grpo_core.cli", "export", str(checkpoint), str(partial)],
+        [sys.executable, "-m", "grpo_core.cli", "export", str(checkpoint), str(partial), *(["--peft"] if peft else [])],
         capture_output=True,
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},

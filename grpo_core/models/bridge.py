@@ -346,6 +346,62 @@ def peft_adapter_tensors(model: GPTModel | Sequence[GPTModel], shape: ModelShape
     return {k: v for part in parts for k, v in part.items()} if parts is not None else {}
 
 
+class _InMemory:
+    """HFCheckpoint's reading interface over tensors in memory: ``read_shard`` slices an adapter's B (or A) exactly
+    as it slices the weight it adapts."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = tensors
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.tensors[name].shape)
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        return self.tensors[name][start:stop]
+
+    def cols(self, name: str, start: int, stop: int) -> torch.Tensor:
+        return self.tensors[name][:, start:stop]
+
+    def full(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+
+def load_peft_adapter(model: GPTModel | Sequence[GPTModel], shape: ModelShape, adapter) -> None:
+    """Copy a PEFT adapter (models/adapter.py's ``Adapter``) into this rank's LoRA modules: the inverse of
+    ``peft_adapter_tensors``. Every adapted linear must find its modules' tensors, and a fused linear's modules one
+    A between them (as ``grpo export --peft`` writes it); AdapterError otherwise. Call it before the optimizer is
+    built (its fp32 copies are made from the parameters)."""
+    from grpo_core.models.adapter import AdapterError
+
+    used = set()
+    for chunk in _chunks(model):
+        mappings = {m.param: m for m in _mappings(chunk, shape)}
+        for local_name, global_name, module in lora_linears(chunk):
+            lora = getattr(module, "lora", None)
+            if lora is None:
+                continue
+            m = mappings[f"{local_name}.weight"]
+            pairs = [adapter.pair(name) for name in m.hf]
+            if any(p is None for p in pairs):
+                raise AdapterError(f"{adapter.path}: no adapter for {m.hf[0]}, which this run adapts ({global_name})")
+            used |= set(m.hf)
+            rank, size, _ = _shard_group(m)
+            a_of, b_of = ({n: p[i] for n, p in zip(m.hf, pairs, strict=True)} for i in (0, 1))
+            if lora.column:  # A replicated: one for the fused modules; B's rows sliced as the weight's
+                if any(not torch.equal(a, pairs[0][0]) for a, _ in pairs):
+                    raise AdapterError(f"{adapter.path}: {', '.join(m.hf)} have different A: not one fused adapter")
+                a, b = pairs[0][0], read_shard(_InMemory(b_of), m, lora.B.shape, rank, size, shape)
+            else:  # A's columns sliced as the weight's; B replicated
+                a, b = read_shard(_InMemory(a_of), m, lora.A.shape, rank, size, shape), pairs[0][1]
+            with torch.no_grad():
+                lora.A.copy_(a)
+                lora.B.copy_(b)
+    # the linears of other pipeline stages are checked on their ranks; this stage's must not be left out
+    stage = {n for chunk in _chunks(model) for m in _mappings(chunk, shape) for n in m.hf}
+    if extra := (adapter.modules() & stage) - used:
+        raise AdapterError(f"{adapter.path}: adapts {sorted(extra)[0]}, which this run's target_modules leave out")
+
+
 def write_peft_adapter(model, shape: ModelShape, out_dir: str | Path, lora, base_model: str) -> None:
     """``adapter_model.safetensors`` (peft's key names) and ``adapter_config.json`` in ``out_dir``, from rank 0
     (every rank of the model calls it): what ``peft.PeftModel.from_pretrained(base, out_dir)`` loads. ``lora``: the

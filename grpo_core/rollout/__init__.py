@@ -5,7 +5,7 @@ import os
 import torch
 
 from grpo_core.models.shape import hf_overrides
-from grpo_core.rollout.base import Generation, RolloutEngine, SamplingSettings, to_rollout_batch
+from grpo_core.rollout.base import Generation, RolloutEngine, SamplingSettings, draw, to_rollout_batch
 
 
 def build_engine(cfg, shape, model_dir: str, tokenizer, actor=None) -> RolloutEngine:
@@ -82,4 +82,4 @@ def build_engine(cfg, shape, model_dir: str, tokenizer, actor=None) -> RolloutEn
     raise ValueError(f"rollout engine {r.name!r} is not available; use vllm, hf, megatron or static")
 
 
-__all__ = ["Generation", "RolloutEngine", "SamplingSettings", "build_engine", "to_rollout_batch"]
+__all__ = ["Generation", "RolloutEngine", "SamplingSettings", "build_engine", "draw", "to_rollout_batch"]

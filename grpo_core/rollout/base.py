@@ -6,7 +6,7 @@ trainer only talks to this interface, so engines are swapped by construction, ne
 """
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from typing import Protocol
 
@@ -28,6 +28,7 @@ class SamplingSettings:
     max_new_tokens: int = 512
     greedy: bool = False
     seed: int | None = None  # None: whatever state the engine's random generator is in
+    greedy_baseline: bool = False  # also one greedy response per prompt (remax's baseline), apart from the samples
 
     def __post_init__(self) -> None:
         problems = []
@@ -64,6 +65,7 @@ class Generation:
     response_log_probs: list[list[float]]  # [P*n], same lengths as response_ids
     finish_reasons: list[str]  # [P*n] "stop" (EOS ended it) or "length" (max_new_tokens did)
     group_index: list[int]  # [P*n] the prompt each row answers
+    baseline_ids: list[list[int]] | None = None  # [P] a greedy response per prompt (remax), never trained on
 
     @classmethod
     def empty(cls, prompt_ids: list[list[int]] | None = None) -> "Generation":
@@ -72,8 +74,9 @@ class Generation:
 
     @classmethod
     def concat(cls, parts: "Iterable[Generation]") -> "Generation":
-        """The parts one after another, their prompt groups renumbered to follow on."""
-        merged = cls.empty()
+        """The parts one after another, their prompt groups renumbered to follow on; baselines kept when every
+        part has them."""
+        merged, baselines = cls.empty(), []
         for part in parts:
             offset = len(merged.prompt_ids)
             merged.prompt_ids += part.prompt_ids
@@ -81,6 +84,8 @@ class Generation:
             merged.response_log_probs += part.response_log_probs
             merged.finish_reasons += part.finish_reasons
             merged.group_index += [g + offset for g in part.group_index]
+            baselines = None if baselines is None or part.baseline_ids is None else baselines + part.baseline_ids
+        merged.baseline_ids = baselines if merged.prompt_ids else None
         return merged
 
     def groups(self, chosen: list[int]) -> "Generation":
@@ -93,6 +98,7 @@ class Generation:
             response_log_probs=[self.response_log_probs[r] for r in order],
             finish_reasons=[self.finish_reasons[r] for r in order],
             group_index=[i for i, group in enumerate(rows) for _ in group],
+            baseline_ids=None if self.baseline_ids is None else [self.baseline_ids[c] for c in chosen],
         )
 
     def __post_init__(self) -> None:
@@ -101,6 +107,8 @@ class Generation:
             raise ValueError("response_ids, response_log_probs, finish_reasons and group_index differ in length")
         if any(len(ids) != len(lp) for ids, lp in zip(self.response_ids, self.response_log_probs, strict=True)):
             raise ValueError("each response needs exactly one log-prob per token")
+        if self.baseline_ids is not None and len(self.baseline_ids) != len(self.prompt_ids):
+            raise ValueError("baseline_ids needs one greedy response per prompt")
 
 
 def generate_in_chunks(
@@ -122,6 +130,18 @@ def generate_in_chunks(
             gen.response_log_probs += log_probs
             gen.finish_reasons += reasons
             gen.group_index += [start + i for i in range(len(chunk)) for _ in range(settings.n)]
+    return gen
+
+
+def draw(engine: "RolloutEngine", prompt_ids: list[list[int]], settings: SamplingSettings) -> Generation:
+    """``engine.generate`` of the prompts, and with ``settings.greedy_baseline`` one greedy response per prompt
+    beside the samples (``Generation.baseline_ids``): remax's baseline. The engines fix greedy or sampled decoding
+    for a whole call (the static engine builds its decode step per mode), so the baseline is a second, greedy
+    pass over the same prompts with the same weights, not extra rows of the sampled batch."""
+    gen = engine.generate(prompt_ids, replace(settings, greedy_baseline=False))
+    if settings.greedy_baseline:
+        greedy = replace(settings, n=1, temperature=0.0, greedy=True, greedy_baseline=False)
+        gen.baseline_ids = engine.generate(prompt_ids, greedy).response_ids
     return gen
 
 

@@ -54,7 +54,7 @@ from grpo_core.tracking.promotion import (
     eval_set_tags,
     judge_note,
 )
-from grpo_core.tracking.registry import MODEL_DIGEST_TAG, files_digest, provenance_tags
+from grpo_core.tracking.registry import ADAPTER_BASE_TAG, MODEL_DIGEST_TAG, files_digest, provenance_tags
 from grpo_core.tracking.report import pipeline_report, uplift_text
 from grpo_core.tracking.sync import PENDING_FILE
 
@@ -102,7 +102,7 @@ def scheduled_inputs(cfg: GRPOConfig, start_model: str) -> dict[str, str]:
     """What a scheduled run trains from, by part (``INPUT_PARTS``): the training data's ``dataset_digest``, the
     resolved config's key (less the run directory and the start model's path) and the start model (the champion's
     version, ``models:/NAME/N``, or the config's model)."""
-    ignore = ("trainer.default_local_dir", "actor_rollout_ref.model.path")
+    ignore = ("trainer.default_local_dir", "actor_rollout_ref.model.path", "actor_rollout_ref.model.lora.adapter_path")
     data, config = dataset_digest(cfg.data.train_files), pipeline_key(cfg, ignore, data=False)
     return dict(zip(INPUT_PARTS, (data, config, start_model), strict=True))
 
@@ -305,13 +305,15 @@ def record_results(
     champion_version: str | None = None,
     champion_known: bool = True,
     champion_tags: dict[str, str] | None = None,
+    adapter_base: str | None = None,
 ) -> PipelineSummary:
     """Log the evaluations, uplift, summaries, plots, eval samples and the evaluated checkpoint as a logged model
     (at the last step: the checkpoint the pipeline evaluates is the one its training ended with); register it as
     champion or challenger against ``eval_dirs["champion"]`` (the evaluation of registry version
     ``champion_version``, whose tags ``champion_tags`` record the evaluation set it was judged on), or against the
     base model when there is no champion yet. When the registry could not be read (``champion_known`` false)
-    nothing is promoted."""
+    nothing is promoted. A LoRA run's ``model_dir`` is its PEFT adapter directory, and ``adapter_base`` the model
+    it adapts (``ADAPTER_BASE_TAG`` on the version: a warm start from it loads that base, then the adapter)."""
     metric = cfg.evaluation.metric
     rows = training_rows(cfg.trainer.default_local_dir)
     steps = max((r["step"] for r in rows), default=0)
@@ -370,6 +372,8 @@ def record_results(
             reason = f"{promotion.reason}; the registry's champion could not be read, so nothing is promoted"
             promotion = replace(promotion, alias=CHALLENGER, reason=reason)
         lineage = {**digests, **data_tags(Path(checkpoint), eval_dirs["trained"])}
+        if adapter_base is not None:
+            lineage[ADAPTER_BASE_TAG] = adapter_base
         summary.model_version, promotion = register_model(
             run, cfg, model_dir, promotion, Path(checkpoint), model_name, lineage
         )

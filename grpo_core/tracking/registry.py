@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_core.data.lineage import file_sha256
+from grpo_core.models.adapter import is_adapter_dir, merge_adapter, read_adapter
 from grpo_core.tracking.mlflow_run import quick_http
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,11 @@ class RegistryModel:
     run_id: str | None
     path: Path  # the local copy
     tags: dict[str, str] = field(default_factory=dict, compare=False)  # the version's (what judged it: promotion.py)
+
+    @property
+    def is_adapter(self) -> bool:
+        """A LoRA run's version: a PEFT adapter directory whose base its ``ADAPTER_BASE_TAG`` names."""
+        return is_adapter_dir(self.path)
 
     @property
     def canonical(self) -> str:
@@ -121,7 +127,7 @@ def fetch_model(uri: str, tracking_uri: str, cache_dir: str | None = None) -> Re
     found = lookup_version(client, uri, tracking_uri)
     home = version_dir(cache_root(cache_dir), tracking_uri, found.name, str(found.version), found.source)
     local = home / "model"
-    if not (local / "config.json").is_file():
+    if not _model_files(local):
         partial = home / f"download.{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
@@ -131,17 +137,57 @@ def fetch_model(uri: str, tracking_uri: str, cache_dir: str | None = None) -> Re
         except Exception as e:  # noqa: BLE001
             shutil.rmtree(partial, ignore_errors=True)
             raise RegistryUnreachable(f"{uri}: downloading {found.source}: {_describe_failure(e)}") from None
-        if not (got / "config.json").is_file():
+        if not _model_files(got):
             shutil.rmtree(partial, ignore_errors=True)
-            raise RegistryError(f"{uri}: version {found.version} ({found.source}) holds no config.json: not a model")
+            raise RegistryError(
+                f"{uri}: version {found.version} ({found.source}) holds no config.json (a model) nor "
+                "adapter_config.json (a LoRA adapter)"
+            )
         try:
             got.rename(local)  # atomic: a concurrent download of the same version loses the race harmlessly
         except OSError:
-            if not (local / "config.json").is_file():
+            if not _model_files(local):
                 raise
         shutil.rmtree(partial, ignore_errors=True)
     check_provenance(uri, found, local)
     return RegistryModel(uri, found.name, str(found.version), found.source, found.run_id, local, dict(found.tags or {}))
+
+
+def _model_files(directory: Path) -> bool:
+    """A whole model (config.json) or a LoRA adapter (adapter_config.json) is there."""
+    return (directory / "config.json").is_file() or is_adapter_dir(directory)
+
+
+ADAPTER_BASE_TAG = "grpo.lora.base_model"  # on a LoRA adapter's version: the model it adapts (hub id, dir, models:/)
+
+
+def adapter_base(model: RegistryModel, tracking_uri: str, cache_dir: str | None = None) -> tuple[str, str]:
+    """(the base's name as the adapter version records it, a path or hub id to load it from): a base that is itself a
+    registry version (``models:/NAME/N``) is fetched; RegistryError when the version names no base."""
+    base = model.tags.get(ADAPTER_BASE_TAG)
+    if not base:
+        raise RegistryError(f"{model.uri}: version {model.version} is a LoRA adapter whose tags name no base model "
+                            f"({ADAPTER_BASE_TAG})")  # fmt: skip
+    if is_model_uri(base):
+        found = fetch_model(base, tracking_uri, cache_dir)
+        if found.is_adapter:
+            raise RegistryError(f"{model.uri}: its base {base} is an adapter itself, not a model")
+        return base, str(found.path)
+    return base, base
+
+
+def full_model(model: RegistryModel, tracking_uri: str, cache_dir: str | None = None) -> Path:
+    """A directory every engine loads: the version's own files, or for an adapter, its base with it merged in
+    (written once, beside the local copy)."""
+    if not model.is_adapter:
+        return model.path
+    merged = model.path.parent / "merged"
+    if not (merged / "config.json").is_file():
+        from grpo_core.models.shape import model_weights_dir
+
+        _, base = adapter_base(model, tracking_uri, cache_dir)
+        merge_adapter(model_weights_dir(base), read_adapter(model.path), merged)
+    return merged
 
 
 MODEL_DIGEST_TAG = "grpo.model_sha256"  # of the registered files: what a fetch checks its copy against

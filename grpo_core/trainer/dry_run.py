@@ -21,7 +21,7 @@ from grpo_core.models.shape import (
 from grpo_core.planning.batches import update_micro_batch
 from grpo_core.planning.budget import gpu_memory_gib, memory_options, optimizer_offloaded
 from grpo_core.tracking.mlflow_run import tracking_uri
-from grpo_core.tracking.registry import RegistryModel, fetch_model, is_model_uri
+from grpo_core.tracking.registry import RegistryModel, adapter_base, fetch_model, is_model_uri
 
 
 @dataclass
@@ -30,13 +30,19 @@ class ResolvedRun:
     shape: ModelShape | None
     report: Report
     start_model: RegistryModel | None = None  # model.path was a models:/ URI: the version it resolved to
+    lora_base: str | None = None  # with LoRA: the base its adapters belong to, as a registry version records it
 
     def pinned(self, overrides: list[str]) -> list[str]:
         """``overrides`` for the processes started after this (ranks, the pipeline's tasks): a registry model
-        path replaced by its local copy, so none resolves the URI again (an alias may move meanwhile)."""
+        path replaced by its local copy (an adapter's: its base's, and the adapter as the adapters' start), so none
+        resolves the URI again (an alias may move meanwhile)."""
         if self.start_model is None:
             return list(overrides)
-        return [*overrides, f"actor_rollout_ref.model.path={self.start_model.path}"]
+        model = self.config.actor_rollout_ref.model
+        pinned = [*overrides, f"actor_rollout_ref.model.path={model.path}"]
+        if self.start_model.is_adapter:
+            pinned.append(f"actor_rollout_ref.model.lora.adapter_path={model.lora.adapter_path}")
+        return pinned
 
 
 def resolve_run(config_path: str | Path | None, overrides: list[str]) -> ResolvedRun:
@@ -45,11 +51,22 @@ def resolve_run(config_path: str | Path | None, overrides: list[str]) -> Resolve
     cannot be had; consistency problems come back in ``report.errors``."""
     cfg, notes = load_config_with_notes(config_path, overrides)
     model = cfg.actor_rollout_ref.model
-    start_model = None
+    start_model, lora_base, adapter_error = None, model.path if model.lora.rank > 0 else None, None
     if is_model_uri(model.path):
         start_model = fetch_model(model.path, tracking_uri(cfg), cfg.tracking.model_cache_dir)
-        model.path = str(start_model.path)
+        model.path, lora_base = str(start_model.path), start_model.canonical if lora_base else None
         notes.append(f"actor_rollout_ref.model.path: {start_model.describe()}")
+        if start_model.is_adapter:  # its base's weights, and the adapters start from it
+            lora_base, model.path = adapter_base(start_model, tracking_uri(cfg), cfg.tracking.model_cache_dir)
+            notes.append(f"actor_rollout_ref.model.path: a LoRA adapter on {lora_base}: its base ({model.path}) "
+                         "with the adapters starting from it")  # fmt: skip
+            if model.lora.rank > 0:
+                model.lora.adapter_path = str(start_model.path)
+            else:
+                adapter_error = (
+                    f"actor_rollout_ref.model.path: {start_model.canonical} is a LoRA adapter; a run from it trains "
+                    "the adapter: set actor_rollout_ref.model.lora.rank and alpha to the adapter's"
+                )
     shape, shape_error, unknown = None, None, []
     hf_fields = hf_overrides(model.override_config)
     try:
@@ -62,13 +79,15 @@ def resolve_run(config_path: str | Path | None, overrides: list[str]) -> Resolve
     report.notes[:0] = notes
     if shape_error:
         report.errors.insert(0, shape_error)
+    if adapter_error:
+        report.errors.insert(0, adapter_error)
     prefix = "actor_rollout_ref.model.override_config.model_config"
     report.warnings += [
         f"{prefix}.{key}: the model's config.json has no such field and transformers' config class does not know "
         "it either (a typo?); it is passed on as given"
         for key in unknown
     ]
-    return ResolvedRun(cfg, shape, report, start_model)
+    return ResolvedRun(cfg, shape, report, start_model, lora_base)
 
 
 def render_dry_run(run: ResolvedRun, console: Console) -> None:

@@ -44,7 +44,7 @@ from grpo_core.numerics import NotFinite, first_non_finite
 from grpo_core.planning.layout import actor_layout
 from grpo_core.quiet import SET_UP
 from grpo_core.rewards import Scorer, build_scorer, reward_name
-from grpo_core.rollout import Generation, SamplingSettings, build_engine, to_rollout_batch
+from grpo_core.rollout import Generation, SamplingSettings, build_engine, draw, to_rollout_batch
 from grpo_core.rollout.hf import load_tokenizer
 from grpo_core.tracking import Tracker
 from grpo_core.trainer import metrics as M
@@ -60,11 +60,24 @@ class Rollouts:
 
     gen: Generation
     scores: list[float]  # one per response
+    baseline_scores: list[float] | None = None  # one per prompt: its greedy response's (remax)
 
     def groups(self, chosen: list[int]) -> "Rollouts":
         """The prompt groups ``chosen``, renumbered (``Generation.groups``), with their scores."""
         rows = [r for c in chosen for r, g in enumerate(self.gen.group_index) if g == c]
-        return Rollouts(self.gen.groups(chosen), [self.scores[r] for r in rows])
+        baselines = None if self.baseline_scores is None else [self.baseline_scores[c] for c in chosen]
+        return Rollouts(self.gen.groups(chosen), [self.scores[r] for r in rows], baselines)
+
+    @classmethod
+    def concat(cls, parts: "list[Rollouts]") -> "Rollouts":
+        """The parts one after another (``Generation.concat``), baselines kept when every part has them."""
+        baselines = [s for r in parts for s in r.baseline_scores or []]
+        whole = all(r.baseline_scores is not None for r in parts)
+        return Rollouts(
+            Generation.concat(r.gen for r in parts),
+            [s for r in parts for s in r.scores],
+            baselines if whole and parts else None,
+        )
 
 
 @dataclass
@@ -203,7 +216,8 @@ def set_up(cfg: GRPOConfig, shape: ModelShape) -> TrainingSetup:
 
     settings = ActorSettings.from_config(cfg, layout, arr.actor.optim.total_training_steps or optimizer_steps)
     status(f"building the actor ({layout.describe()}) and loading its weights")
-    actor = MegatronActor(shape, settings, hf_path=str(model_dir))
+    adapter = model_cfg.lora.adapter_path if settings.lora.enabled else None  # the adapters' start (else init)
+    actor = MegatronActor(shape, settings, hf_path=str(model_dir), adapter_path=adapter)
     # with LoRA the reference is the actor with its adapters off: no second model
     needs_model = _needs_ref(cfg) and not settings.lora.enabled
     ref = MegatronActor(shape, settings, hf_path=str(model_dir), trainable=False) if needs_model else None
@@ -291,7 +305,8 @@ def grpo_step(setup: TrainingSetup, diag: RunDiagnostics, step: int, position: i
     scores, shaping_metrics = shaped_scores(rollouts, cfg)
     if drawn.groups_with_signal == 0:
         say_once(setup, NO_SIGNAL, step + 1)
-    batch.advantages = advantages(scores, batch, rollouts.gen.group_index, cfg)
+    baselines = shaped_baselines(rollouts, cfg)
+    batch.advantages = advantages(scores, batch, rollouts.gen.group_index, cfg, baselines)
     trained, correction_metrics = rollout_correction(batch, cfg)
     with timed(timings, "update", diag):
         update_metrics, entropy = update_actor(actor, trained, reused, later)
@@ -307,6 +322,7 @@ def grpo_step(setup: TrainingSetup, diag: RunDiagnostics, step: int, position: i
             rollouts.gen, rollouts.scores, batch, cfg.reward_model.score, cfg.reward_model.format_score
         ),
         **shaping_metrics,
+        **M.baseline_metrics(rollouts.baseline_scores, rollouts.scores, rollouts.gen.group_index),
         "batch/groups_with_signal": drawn.groups_with_signal,
         **sampling_metrics(drawn, cfg),
         **M.log_prob_metrics(batch, entropy),
@@ -353,21 +369,38 @@ def generate(
     replicas, replica = dist.get_world_size() // tp, dist.get_rank() // tp
     share = -(-len(prompts) // replicas)
     mine = prompts[replica * share : (replica + 1) * share]
-    local = engine.generate([p.ids for p in mine], settings) if engine is not None and mine else None
+    local = draw(engine, [p.ids for p in mine], settings) if engine is not None and mine else None
     gen = _gather_generations(local if dist.get_rank() % tp == 0 else None)  # a replica's rows once
+    scores = _score(gen.response_ids, gen.group_index, prompts, tokenizer, cfg, scorer)
+    baselines = None
+    if gen.baseline_ids is not None:  # remax: each prompt's greedy response, scored by the same reward
+        baselines = _score(gen.baseline_ids, list(range(len(prompts))), prompts, tokenizer, cfg, scorer, "greedy ")
+    return Rollouts(gen, scores, baselines)
+
+
+def _score(
+    responses: list[list[int]],
+    groups: list[int],
+    prompts: list[Prompt],
+    tokenizer,
+    cfg: GRPOConfig,
+    scorer: Scorer,
+    kind: str = "",
+) -> list[float]:
+    """The reward of each response to its prompt (``groups``); a reward that is not a finite number stops the run."""
     scores = []
-    for text, group in zip(decode_responses(tokenizer, gen.response_ids), gen.group_index, strict=True):
+    for text, group in zip(decode_responses(tokenizer, responses), groups, strict=True):
         prompt = prompts[group]
         scores.append(scorer(prompt.data_source, text, prompt.ground_truth, prompt.extra_info))
     if (bad := first_non_finite(scores)) is not None:  # every rank scores every response: all stop here
         row, value = bad
-        prompt = prompts[gen.group_index[row]]
+        prompt = prompts[groups[row]]
         raise NotFinite(
-            f"{reward_name(cfg, prompt.data_source)} returned {value} for response {row} of the batch (prompt "
-            f"{gen.group_index[row]}, ground truth {prompt.ground_truth!r:.40}); a reward must be a finite number. "
+            f"{reward_name(cfg, prompt.data_source)} returned {value} for {kind}response {row} of the batch (prompt "
+            f"{groups[row]}, ground truth {prompt.ground_truth!r:.40}); a reward must be a finite number. "
             "The run stopped before the update: nothing of this step was trained or saved"
         )
-    return Rollouts(gen, scores)
+    return scores
 
 
 def _gather_generations(local: Generation | None) -> Generation:
@@ -403,7 +436,7 @@ def draw_rollouts(
         chosen = groups_with_spread(values, rollouts.gen.group_index)[: wanted - count]
         kept.append(rollouts.groups(chosen))
         count += len(chosen)
-    merged = Rollouts(Generation.concat(r.gen for r in kept), [s for r in kept for s in r.scores])
+    merged = Rollouts.concat(kept)
     if count < wanted:
         count = trainable_groups(count, sampling.n, actor_layout(cfg).dp)
         merged = merged.groups(list(range(count))) if count else rollouts
@@ -449,12 +482,9 @@ def old_and_ref_log_probs(
 def shaped_scores(rollouts: Rollouts, cfg: GRPOConfig) -> tuple[list[float], dict[str, float]]:
     """The scores the advantage sees: with reward_manager=dapo and its overlong buffer on, each response's
     rule score plus DAPO's overlong penalty (reward/* metrics keep the rule scores, so accuracy stays readable)."""
-    rm = cfg.reward_model
-    buffer = rm.reward_kwargs.overlong_buffer_cfg
-    if rm.reward_manager != "dapo" or not buffer.enable:
+    penalty = _overlong(rollouts.gen.response_ids, cfg)
+    if penalty is None:
         return rollouts.scores, {}
-    lengths = torch.tensor([len(r) for r in rollouts.gen.response_ids])
-    penalty = overlong_penalty(lengths, rm.reward_kwargs.max_resp_len, buffer.len, buffer.penalty_factor)
     scores = (torch.tensor(rollouts.scores, dtype=torch.float64) + penalty).tolist()
     metrics = {
         "reward/overlong_penalty_mean": penalty.mean().item(),
@@ -463,15 +493,42 @@ def shaped_scores(rollouts: Rollouts, cfg: GRPOConfig) -> tuple[list[float], dic
     return scores, metrics
 
 
-def advantages(scores: list[float], batch: RolloutBatch, group_index: list[int], cfg: GRPOConfig) -> torch.Tensor:
+def shaped_baselines(rollouts: Rollouts, cfg: GRPOConfig) -> list[float] | None:
+    """remax's baselines (each prompt's greedy response's score) shaped as the scores they are compared with."""
+    baselines = rollouts.baseline_scores
+    penalty = None if baselines is None else _overlong(rollouts.gen.baseline_ids, cfg)
+    return baselines if penalty is None else (torch.tensor(baselines, dtype=torch.float64) + penalty).tolist()
+
+
+def _overlong(responses: list[list[int]], cfg: GRPOConfig) -> torch.Tensor | None:
+    """DAPO's overlong penalty of each response with reward_manager=dapo and its overlong buffer on, else None."""
+    rm = cfg.reward_model
+    buffer = rm.reward_kwargs.overlong_buffer_cfg
+    if rm.reward_manager != "dapo" or not buffer.enable:
+        return None
+    lengths = torch.tensor([len(r) for r in responses])
+    return overlong_penalty(lengths, rm.reward_kwargs.max_resp_len, buffer.len, buffer.penalty_factor)
+
+
+def advantages(
+    scores: list[float],
+    batch: RolloutBatch,
+    group_index: list[int],
+    cfg: GRPOConfig,
+    baselines: list[float] | None = None,
+) -> torch.Tensor:
     """Each response token's advantage, [B, R]: ``algorithm.adv_estimator`` over the outcome rewards (``scores`` on
-    the last tokens), less the KL penalty with ``algorithm.use_kl_in_reward``."""
+    the last tokens), less the KL penalty with ``algorithm.use_kl_in_reward``. ``baselines``: remax's, one per
+    prompt."""
     token_rewards = token_level_rewards(scores, batch.response_mask)
     if cfg.algorithm.use_kl_in_reward:
         kl = kl_penalty(batch.old_log_probs, batch.ref_log_probs, cfg.algorithm.kl_penalty)
         token_rewards = token_rewards - cfg.algorithm.kl_ctrl.kl_coef * kl * batch.response_mask
+    options = advantage_options(cfg)
+    if baselines is not None:
+        options["reward_baselines"] = torch.tensor([baselines[g] for g in group_index], dtype=token_rewards.dtype)
     estimate, _ = get_adv_estimator(cfg.algorithm.adv_estimator)(
-        token_rewards, batch.response_mask, index=group_index, **advantage_options(cfg)
+        token_rewards, batch.response_mask, index=group_index, **options
     )
     return estimate
 
@@ -512,7 +569,16 @@ def rollout_corr_step_metrics(batch: RolloutBatch, trained: RolloutBatch, cfg: G
     weights = trained.rollout_is_weights
     if weights is None and rc.rollout_is is not None:
         weights = rollout_is_weights(old, engine, mask, rc.rollout_is, rc.rollout_is_threshold)
-    return rollout_corr_metrics(weights, old, engine, mask, rc.rollout_is_threshold)
+    level = rc.rollout_is or "token"
+    return rollout_corr_metrics(
+        weights,
+        old,
+        engine,
+        mask,
+        rc.rollout_is_threshold,
+        level,
+        rc.rollout_is is not None and rc.rollout_is_batch_normalize,
+    )
 
 
 def advantage_options(cfg: GRPOConfig) -> dict:
@@ -570,6 +636,7 @@ def rollout_sampling(cfg: GRPOConfig) -> SamplingSettings:
         top_p=rollout.top_p,
         top_k=rollout.top_k,
         max_new_tokens=cfg.data.max_response_length,
+        greedy_baseline=cfg.algorithm.adv_estimator == "remax",
     )
 
 

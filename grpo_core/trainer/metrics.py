@@ -47,6 +47,17 @@ def rollout_metrics(
     } | ({"reward/format_rate": _mean([s >= format_score for s in scores])} if format_score > 0 else {})
 
 
+def baseline_metrics(baselines: list[float] | None, scores: list[float], group_index: list[int]) -> dict[str, float]:
+    """remax's greedy baselines (one per prompt): their mean reward, and the share of sampled responses that beat
+    their prompt's greedy one (those are the ones pushed up). Nothing without baselines."""
+    if baselines is None:
+        return {}
+    return {
+        "reward/remax_baseline_mean": _mean(baselines),
+        "reward/remax_above_baseline": _mean([s > baselines[g] for s, g in zip(scores, group_index, strict=True)]),
+    }
+
+
 def log_prob_metrics(batch: RolloutBatch, entropy: torch.Tensor) -> dict[str, float]:
     """The rollout engine's log-probs against the actor's: a large gap means the weight sync is broken."""
     mask = batch.response_mask.bool()

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from grpo_core.actor.actor import ActorSettings, MegatronActor
 from grpo_core.actor.loss import LossSettings
 from grpo_core.actor.parallel import init_distributed, init_model_parallel
+from grpo_core.models.lora_settings import LoRASettings
 from grpo_core.models.shape import load_model_shape
 from grpo_core.planning.layout import ParallelLayout
 from grpo_core.trainer import checkpoint
@@ -74,6 +75,7 @@ def main() -> None:
     parser.add_argument("--contents", default="model,optimizer,extra", help="what checkpoints hold and resumes load")
     parser.add_argument("--forget-adam-at", type=int, default=0, help="zero Adam's state before this step's update")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--lora-rank", type=int, default=0, help="> 0: LoRA adapters of this rank on a frozen base")
     args = parser.parse_args()
     init_distributed()
     layout = ParallelLayout(world_size=dist.get_world_size(), tp=args.tp)
@@ -90,6 +92,8 @@ def main() -> None:
         loss=LossSettings(kl_loss_coef=0.1),
         reshardable_checkpoint=not args.per_rank,
         dtype=args.dtype,
+        # B initialised random too: the adapters act from the first step, and their Adam state matters on resume
+        lora=LoRASettings(rank=args.lora_rank, alpha=2.0 * args.lora_rank, b_init="kaiming"),
     )
     policy = MegatronActor(shape, settings, hf_path=args.hf_dir)
     manager = CheckpointManager(args.root, save_freq=1, keep=3)
@@ -118,7 +122,10 @@ def main() -> None:
             with open(args.out, "a") as f:
                 f.write(json.dumps({"step": step, "metrics": metrics, "log_probs": after.tolist()}) + "\n")
         try:
-            manager.save(step, policy, {"data_position": step, "hf_config": hf_config, "dtype": args.dtype}, contents)
+            state = {"data_position": step, "hf_config": hf_config, "dtype": args.dtype}
+            if args.lora_rank:
+                state["lora"] = {**settings.lora.record(), "base_model": args.hf_dir}
+            manager.save(step, policy, state, contents)
         except CheckpointSaveError as e:  # as `grpo train` reports it (grpo_core.cli.main)
             print(f"error: {e}", file=sys.stderr)
             sys.exit(1)

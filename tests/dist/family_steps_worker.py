@@ -57,6 +57,7 @@ CASES: dict[str, list[str]] = {
             "grpo_passk",
             "opo",
             "gpg",
+            "remax",
         )
     },  # fmt: skip
     "correction/icepop_token": [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0.5_2.0"],
@@ -92,9 +93,10 @@ def run_case(policy: MegatronActor, base: ActorSettings, overrides: list[str], p
     rewards = torch.zeros_like(mask)
     rewards[torch.arange(mask.shape[0]), mask.sum(-1).long() - 1] = torch.tensor(FAMILY_SCORES)
     index = [row // 4 for row in range(mask.shape[0])]
-    batch.advantages, _ = get_adv_estimator(cfg.algorithm.adv_estimator)(
-        rewards, mask, index=index, **advantage_options(cfg)
-    )
+    options = advantage_options(cfg)
+    if cfg.algorithm.adv_estimator == "remax":  # each prompt's greedy answer scored 0.5 (the trainer draws it)
+        options["reward_baselines"] = torch.full((mask.shape[0],), 0.5, dtype=rewards.dtype)
+    batch.advantages, _ = get_adv_estimator(cfg.algorithm.adv_estimator)(rewards, mask, index=index, **options)
     before = policy.compute_log_prob(batch)[0]
     steps = []
     for _ in range(2):

@@ -4,10 +4,12 @@ For each Hugging Face model given and each layout (TP1 DP2, TP2, TP2 with sequen
 log-probs of a fixed batch with them and without (the base, the reference of a LoRA run); the gradients of one
 on-policy GRPO mini-batch (A and B, in peft's names); then one update: whether every base weight is bit-identical
 after it, which parameters megatron's DDP and optimizer hold, the adapters after, and the merged HF weights the
-rollout engines get. Rank 0 writes it all as JSON (safetensors for the tensors)."""
+rollout engines get; and the log-probs of a fresh actor of that layout with the adapters after the step loaded in
+peft's names (a warm start from an adapter). Rank 0 writes it all as JSON (safetensors for the tensors)."""
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -17,7 +19,8 @@ from grpo_core.actor.actor import ActorSettings, MegatronActor
 from grpo_core.actor.loss import LossSettings
 from grpo_core.actor.parallel import init_distributed, init_model_parallel
 from grpo_core.data.batch import RolloutBatch
-from grpo_core.models.bridge import gather_hf_weights, peft_adapter_tensors
+from grpo_core.models.adapter import Adapter
+from grpo_core.models.bridge import gather_hf_weights, load_peft_adapter, peft_adapter_tensors
 from grpo_core.models.lora import LoRASettings, adapters
 from grpo_core.models.shape import load_model_shape
 from grpo_core.planning.layout import ParallelLayout
@@ -99,6 +102,13 @@ def run(name: str, hf_dir: str, layout_name: str, world: int, out: str) -> dict:
     log_probs_after, _ = actor.compute_log_prob(batch)
     base_after, _ = actor.compute_log_prob(batch, base=True)
     named_after = dict(named)
+    # the adapters after the step, as `grpo export --peft` writes them, loaded into a fresh actor of this layout
+    # (model.lora.adapter_path: each rank slices its shards of B or A as it slices the weights)
+    shared = [after]
+    dist.broadcast_object_list(shared, src=0)
+    fresh = MegatronActor(shape, settings, hf_path=hf_dir, trainable=False)
+    load_peft_adapter(fresh.model, shape, Adapter(Path(out), LORA.rank, LORA.alpha, hf_dir, shared[0]))
+    log_probs_loaded, _ = fresh.compute_log_prob(batch)
     lora_numel = sum(p.numel() for n, p in named if ".lora." in n)
     result = {
         "trainable_all_adapters": all(".lora." in n for n in trainable) and len(trainable) > 0,
@@ -110,6 +120,7 @@ def run(name: str, hf_dir: str, layout_name: str, world: int, out: str) -> dict:
         "log_probs": log_probs.tolist(),
         "base_log_probs": base_log_probs.tolist(),
         "log_probs_after": log_probs_after.tolist(),
+        "log_probs_loaded": log_probs_loaded.tolist(),
         "base_after_change": (base_after - base_log_probs).abs().max().item(),
         "grad_norm": metrics["actor/grad_norm"],
         "response_mask": batch.response_mask.tolist(),

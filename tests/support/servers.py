@@ -55,7 +55,11 @@ def start_mlflow(store: Path, port: int) -> subprocess.Popen:
     argv = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     argv += ["--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}", "--artifacts-destination", str(store / "art")]
     proc = start(argv, store / "server.log")
-    wait_healthy(f"http://127.0.0.1:{port}/health", proc, store / "server.log")
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", proc, store / "server.log")
+    except BaseException:  # a server too slow to come up is not left running after the test
+        stop(proc)
+        raise
     return proc
 
 

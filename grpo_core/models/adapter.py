@@ -1,0 +1,115 @@
+"""PEFT LoRA adapter directories: what ``grpo export --peft`` writes and what the registry versions for a LoRA run.
+
+Read here (and checked against a run's LoRA settings) to start a run's adapters from one, and merged into their
+base as a plain Hugging Face model for the engines that evaluate it. Written without peft, which is a
+development dependency only: an adapter directory is two files, and merging is W + alpha/r B A per module.
+"""
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where tensors are read: the CLI's registry lookups stay light
+    import torch
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PREFIX = "base_model.model."  # peft's key prefix before the HF module name
+
+
+class AdapterError(ValueError):
+    """An adapter directory that cannot be used (missing files, another kind of adapter, another base): exit 2."""
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One PEFT LoRA adapter: its rank, alpha, the base it names, and its tensors under peft's key names."""
+
+    path: Path
+    rank: int
+    alpha: float
+    base_model: str
+    tensors: dict[str, "torch.Tensor"] = field(repr=False)
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def pair(self, hf_weight: str) -> tuple["torch.Tensor", "torch.Tensor"] | None:
+        """(A, B) of the HF weight ``hf_weight`` (``model.layers.0.self_attn.q_proj.weight``), None when not adapted."""
+        key = PREFIX + hf_weight.removesuffix(".weight")
+        if f"{key}.lora_A.weight" not in self.tensors:
+            return None
+        return self.tensors[f"{key}.lora_A.weight"], self.tensors[f"{key}.lora_B.weight"]
+
+    def modules(self) -> set[str]:
+        """The HF weights it adapts."""
+        suffix = ".lora_A.weight"
+        return {k.removeprefix(PREFIX).removesuffix(suffix) + ".weight" for k in self.tensors if k.endswith(suffix)}
+
+
+def read_adapter(path: str | Path) -> Adapter:
+    """The adapter in ``path``; AdapterError (one line) when it is not a plain LoRA adapter in safetensors."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not is_adapter_dir(path):
+        raise AdapterError(f"{path}: not a PEFT adapter directory (no {ADAPTER_CONFIG})")
+    config = json.loads((path / ADAPTER_CONFIG).read_text())
+    if config.get("peft_type") != "LORA" or config.get("use_dora") or config.get("use_rslora"):
+        raise AdapterError(f"{path}: a plain LoRA adapter is needed (peft_type LORA, no DoRA or rsLoRA)")
+    if not (path / ADAPTER_WEIGHTS).is_file():
+        raise AdapterError(f"{path}: no {ADAPTER_WEIGHTS}")
+    tensors = load_file(str(path / ADAPTER_WEIGHTS))
+    base = str(config.get("base_model_name_or_path"))
+    return Adapter(path, int(config["r"]), float(config["lora_alpha"]), base, tensors)
+
+
+def settings_mismatch(adapter: Adapter, rank: int, alpha: float) -> str:
+    """Empty when the adapter was trained with LoRA ``rank`` and ``alpha``; else what differs, in words."""
+    if (adapter.rank, adapter.alpha) == (rank, float(alpha)):
+        return ""
+    theirs = f"rank {adapter.rank} and alpha {adapter.alpha:g}"
+    return f"the adapter {adapter.path} has {theirs}, the run rank {rank} and alpha {alpha:g}"
+
+
+def merged_weight(weight: "torch.Tensor", a: "torch.Tensor", b: "torch.Tensor", scale: float) -> "torch.Tensor":
+    """W + scale B A, computed in fp32 and returned in W's dtype (what peft's merge_and_unload gives)."""
+    return (weight.float() + scale * (b.float() @ a.float())).to(weight.dtype)
+
+
+def merge_adapter(base_dir: str | Path, adapter: Adapter, out_dir: str | Path) -> Path:
+    """The base model (a Hugging Face directory of safetensors) with ``adapter`` merged in, written to ``out_dir``
+    (atomically: a directory renamed into place): the model every engine can load, tokenizer files included."""
+    from safetensors.torch import load_file, save_file
+
+    base_dir, out_dir = Path(base_dir), Path(out_dir)
+    shards = sorted(base_dir.glob("*.safetensors"))
+    if not shards:
+        raise AdapterError(f"{base_dir}: the adapter's base has no safetensors weights to merge into")
+    partial = out_dir.with_name(f"{out_dir.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    left = adapter.modules()
+    for shard in shards:
+        tensors = load_file(str(shard))
+        for name in left & tensors.keys():
+            tensors[name] = merged_weight(tensors[name], *adapter.pair(name), adapter.scale)
+        left -= tensors.keys()
+        save_file(tensors, str(partial / shard.name), metadata={"format": "pt"})
+    if left:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise AdapterError(f"{adapter.path}: adapts {sorted(left)[0]}, which the base {base_dir} does not have")
+    for other in base_dir.iterdir():  # config, generation config, tokenizer, the shards' index
+        if other.is_file() and other.suffix != ".safetensors":
+            shutil.copy2(other, partial / other.name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    partial.rename(out_dir)
+    return out_dir
