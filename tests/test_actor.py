@@ -1,8 +1,8 @@
-"""The Megatron actor on CPU (torchrun + gloo): one GRPO update gives the same loss, grad norm and
-log-probs for TP1, TP2, PP2, DP2 (distributed optimizer) and TP2 x PP2, padded or packed, by rows or by a
-token budget, and so do the GRPO family's updates (GSPO, rollout IS, RLOO's and REINFORCE++'s advantages);
-for every loss aggregation mode the update does not depend on the micro-batching (rows or a token budget)
-or on DP; and a few updates move the log-probs of positive-advantage responses up and of negative ones down."""
+"""The Megatron actor on CPU (torchrun + gloo): one GRPO update gives the same loss, grad norm and log-probs for TP1,
+TP2, PP2, DP2 (distributed optimizer), TP2 x PP2 and CP2 (alone, with TP2, with PP2), padded or packed, by rows or
+by a token budget, and so do the GRPO family's updates (GSPO, rollout IS, RLOO's and REINFORCE++'s advantages); for
+every loss aggregation mode the update does not depend on the micro-batching (rows or a token budget) or on DP; and
+a few updates move the log-probs of positive-advantage responses up and of negative ones down."""
 
 import inspect
 import json
@@ -46,8 +46,8 @@ def layouts(tiny_llama, actor_out):
     results = {}
     launches = [  # the DP1 and DP2 launches also run the aggregation x micro-batching sweep (sweep_dp*.json)
         (1, "1,1;1,1,h;1,1,t;1,1,pt", ["--learn-steps", "4", "--sweep-out", str(out / "sweep_dp1.json")]),
-        (2, "2,1;1,2;1,1;1,1,r;2,1,pf;1,1,pt", ["--sweep-out", str(out / "sweep_dp2.json")]),
-        (4, "2,2;2,2,pt", []),
+        (2, "2,1;1,2;1,1;1,1,r;2,1,pf;1,1,pt;1,1,c", ["--sweep-out", str(out / "sweep_dp2.json")]),
+        (4, "2,2;2,2,pt;2,1,c;1,2,ct", []),
     ]
     for nproc, spec, extra in launches:
         path = out / f"r{nproc}.json"
@@ -62,6 +62,9 @@ def test_every_layout_gives_the_same_update(layouts):
     # packed sequences (TP2; PP2, whose micro-batches share one packed length) and
     # token-budget micro-batches (DP2: a different number of micro-batches on each rank)
     exact |= {"tp1_pp1_dp1_t", "tp1_pp1_dp1_pt", "tp2_pp1_dp1_pf", "tp1_pp1_dp2_pt", "tp2_pp2_dp1_pt"}
+    # context parallelism (CP2 alone, with TP2, with PP2): the keys and values gathered, the log-probs too
+    # (with PP2 by a token budget: unpacked, so one number of whole rows per micro-batch, actor.rows_in_budget)
+    exact |= {"tp1_pp1_dp1_c", "tp2_pp1_dp1_c", "tp1_pp2_dp1_ct"}
     assert set(layouts) == exact | {"tp1_pp1_dp1_h"}
     ref = layouts["tp1_pp1_dp1"]
     real = torch.tensor(ref["response_mask"]).bool()  # log-probs past a response's end are never used
@@ -615,3 +618,15 @@ def test_host_copies_lie_end_to_end_in_power_of_two_chunks(monkeypatch):
     assert all(t.untyped_storage().size() == 0 for t in tensors)
     assert host.reload() == 76 and all(torch.equal(t, b) for t, b in zip(tensors, before, strict=True))
     assert [c.numel() for c in offload.host_chunks(16 * 3 + 5)] == [16, 16, 16, 8]
+
+
+def test_a_token_budget_gives_one_number_of_rows_where_shapes_must_agree():
+    """Pipeline stages on unpacked rows (context parallelism): the most whole rows the budget holds that divide the
+    batch, at least one."""
+    from grpo_core.actor.actor import rows_in_budget
+
+    assert rows_in_budget(8, width=12, tokens=19) == 1
+    assert rows_in_budget(8, width=12, tokens=40) == 2  # 3 rows fit, but 8 rows do not split into threes
+    assert rows_in_budget(6, width=10, tokens=35) == 3
+    assert rows_in_budget(4, width=10, tokens=5) == 1  # a budget below one row still takes one
+    assert rows_in_budget(4, width=10, tokens=1000) == 4

@@ -162,19 +162,11 @@ INVALID = [
         "ppo_max_token_len_per_gpu=1000 does not hold one sequence of max_prompt_length + max_response_length = 1536",
     ),
     (
-        ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.model.use_remove_padding=false"],
-        "use_dynamic_bsz with pipeline parallelism needs packed sequences",
-    ),
-    (
         [
             "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
             "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=1000",
         ],
         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=1000 does not hold one sequence of max_prompt_length",
-    ),
-    (
-        ["actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true", "actor_rollout_ref.model.use_remove_padding=false"],
-        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz with pipeline parallelism needs packed sequences",
     ),
     ([f"+{OPTIM}override_optimizer_config.optimizer_ofload_fraction=1."], "did you mean 'optimizer_offload_fraction'"),
     (
@@ -269,6 +261,17 @@ def test_the_grpo_family_keys_pass_with_their_notes(overrides, said, capsys):
         assert (line in out) == (said is not None and said.startswith(line)), line
     if said is not None:
         assert said in out
+
+
+def test_token_budgets_with_pipeline_stages_on_unpacked_rows_take_whole_rows(capsys):
+    """Token budgets with PP on unpacked rows (use_remove_padding=false, or CP > 1): a note says every micro-batch
+    holds one number of whole rows (actor.rows_in_budget), where they were refused before."""
+    keys = ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true"]
+    code = main(["train", "--config", BASE, *keys, "actor_rollout_ref.model.use_remove_padding=false", "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0 and "dry run OK" in out
+    for key in ("actor.use_dynamic_bsz", "ref.log_prob_use_dynamic_bsz"):
+        assert f"note: actor_rollout_ref.{key} with pipeline parallelism and unpacked rows" in out
 
 
 def test_filter_groups_metric_must_be_one_the_reward_produces(tmp_path, capsys):

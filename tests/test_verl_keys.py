@@ -39,11 +39,9 @@ EXPECTED = {
     "run_qwen2_5-7b_math_megatron_diff_tp": "ok",
     "run_qwen3-235b_megatron_96gb": "ok",
     "run_qwen3moe-30b_megatron_96gb": "ok",
-    # LoRA's keys are accepted; the line asks for CP=2, and the adapters sit on megatron's own linears, whose layer
-    # spec has no context-parallel attention (verl's, through megatron-bridge on Transformer Engine's, has). Its
-    # token-budget micro-batches with PP=2 are refused too: packing is not split over context-parallel ranks here
-    # (verl splits each packed sequence into 2*CP chunks)
-    "run_qwen3moe-30b_megatron_lora": "LoRA with context parallelism (context_parallel_size=2) is not offered",
+    # LoRA with CP=2 (all-gathered keys and values, models/context_parallel.py) and token budgets with PP=2 on
+    # unpacked rows (a fixed number of whole rows per micro-batch)
+    "run_qwen3moe-30b_megatron_lora": "ok",
 }
 
 

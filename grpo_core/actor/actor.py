@@ -23,7 +23,7 @@ from grpo_core.actor.packing import PackedRows, pack, packed_length, split_by_to
 from grpo_core.actor.parallel import device, send
 from grpo_core.algos import agg_denominator
 from grpo_core.data.batch import RolloutBatch
-from grpo_core.models import fused
+from grpo_core.models import context_parallel, fused
 from grpo_core.models.adapter import read_adapter
 from grpo_core.models.bridge import DTYPES, build_model, load_hf_weights, load_peft_adapter, transformer_config
 from grpo_core.models.lora import LoRASettings, adapters_disabled, apply_lora, is_adapter_param
@@ -136,6 +136,13 @@ def finalize_presummed_grads(model, num_tokens=None, **kwargs) -> None:
     finalize_model_grads(model, None, **kwargs)
 
 
+def rows_in_budget(batch_rows: int, width: int, tokens: int) -> int:
+    """Rows per micro-batch for a token budget where every micro-batch must have one shape (pipeline stages,
+    unpacked rows): the most rows of ``width`` tokens within ``tokens`` that divide the batch evenly (at least 1)."""
+    most = max(1, tokens // width)
+    return max(n for n in range(1, min(most, batch_rows) + 1) if batch_rows % n == 0)
+
+
 def causal_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """[b, s] (1 = token) -> [b, 1, s, s] bool, True = masked, as megatron expects.
 
@@ -205,8 +212,8 @@ class MegatronActor:
 
     def _build_chunks(self) -> list[torch.nn.Module]:
         vpp = self.s.layout.vpp
-        # LoRA adapts megatron's own parallel linears: the project's layer spec even where Transformer Engine is there
-        use_te = False if self.s.lora.enabled else None
+        # the project's spec for LoRA (adapters on megatron's own linears) and CP (models/context_parallel.py)
+        use_te = False if self.s.lora.enabled or self.s.layout.cp > 1 else None
         if vpp is None:
             return [build_model(self.shape, self.config, use_te=use_te).to(device())]
         return [build_model(self.shape, self.config, vp_stage=i, use_te=use_te).to(device()) for i in range(vpp)]
@@ -286,6 +293,9 @@ class MegatronActor:
         positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
         # No padding at all: no mask, so attention takes the causal fast path (flash kernels on GPU).
         mask = causal_padding_mask(attn) if mb.pads or pad else None
+        if self.s.layout.cp > 1:  # this CP rank's chunks of the tokens; its queries' rows of the mask
+            ids, positions = context_parallel.local(ids, 1), context_parallel.local(positions, 1)
+            mask = None if mask is None else context_parallel.local(mask, 2)
         return model(ids, positions, mask)
 
     def _response_log_probs(self, logits: torch.Tensor, mb: MicroBatch, entropy_grad: bool):
@@ -293,8 +303,13 @@ class MegatronActor:
         taken at every position (of its next token) and the responses' picked out after, so the kernels read the
         logits as one contiguous [tokens, vocab] block and the backward writes their gradient in one pass."""
         ids = mb.packed.input_ids if mb.packed is not None else mb.rows.input_ids
-        targets = torch.nn.functional.pad(ids, (0, logits.shape[1] - ids.shape[1])).roll(-1, dims=1)
+        cp = self.s.layout.cp
+        targets = torch.nn.functional.pad(ids, (0, logits.shape[1] * cp - ids.shape[1])).roll(-1, dims=1)
+        if cp > 1:  # this CP rank's positions, then whole rows again: every loss reads whole sequences
+            targets = context_parallel.local(targets, 1)
         lp, ent = log_probs_and_entropy(logits, targets, self.shape.vocab_size, entropy_grad=entropy_grad)
+        if cp > 1:
+            lp, ent = (context_parallel.gather(t, 1, sum_grads=False) for t in (lp, ent))
         if mb.packed is not None:
             return lp[0][mb.packed.logit_index], ent[0][mb.packed.logit_index]
         total, r = mb.rows.input_ids.shape[1], mb.rows.response_length
@@ -306,6 +321,8 @@ class MegatronActor:
         width: the longest packed row, or the batch's width unpacked. Built where the rows are (a rollout batch
         lives on the host, where the lengths they are cut by are read without a GPU sync), then sent."""
         s, pp = self.s, self.s.layout.pp
+        if tokens is not None and pp > 1 and not s.pack_sequences:  # one shape: as many whole rows as tokens hold
+            rows, tokens = rows_in_budget(batch.batch_size, self._padded_length(batch.input_ids.shape[1]), tokens), None
         groups = batch.split(rows) if tokens is None else split_by_tokens(batch, tokens, packed=s.pack_sequences)
         if s.pack_sequences:
             multiple = self._sequence_multiple()
@@ -533,7 +550,7 @@ class MegatronActor:
         a GPU scalar: read on the host it would drain the GPU's queue before the mini-batch's forwards."""
         mode = self.s.loss.loss_agg_mode
         total = sum(agg_denominator(mb.rows.response_mask, mode).to(device(), torch.float64) for mb in micro)
-        dist.all_reduce(total, group=ps.get_data_parallel_group(with_context_parallel=True))
+        dist.all_reduce(total, group=ps.get_data_parallel_group())  # CP ranks share rows: each computes the loss
         return (1.0 / total.clamp(min=1)).float()
 
     # ---- offload ----------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ gradient-accumulation fusion are on by default on GPUs, served by torch: models/
 class Report:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # verl keys given that have no effect here
+    notes: list[str] = field(default_factory=list)  # how verl keys given are taken here (no effect, or a different one)
     layout: ParallelLayout | None = None
     memory: MemoryEstimate | None = None
 
@@ -364,7 +364,8 @@ def _check_batches(cfg: GRPOConfig, layout: ParallelLayout, r: Report) -> None:
 
 
 def _check_token_budget(cfg: GRPOConfig, layout: ParallelLayout, switch: str, key: str, budget: int, r: Report):
-    """A token budget must hold one longest sequence, and pipeline stages need micro-batches of one shape."""
+    """A token budget must hold one longest sequence. Pipeline stages need micro-batches of one shape: unpacked
+    (context parallelism, or use_remove_padding=false) the budget sets a fixed number of rows (actor.rows_in_budget)."""
     longest = cfg.data.max_prompt_length + cfg.data.max_response_length
     if budget < longest:
         r.errors.append(
@@ -372,9 +373,9 @@ def _check_token_budget(cfg: GRPOConfig, layout: ParallelLayout, switch: str, ke
         )
     packed = cfg.actor_rollout_ref.model.use_remove_padding and layout.cp == 1
     if layout.pp > 1 and not packed:
-        r.errors.append(
-            f"{switch} with pipeline parallelism needs packed sequences (micro-batches of one shape): "
-            "set actor_rollout_ref.model.use_remove_padding=true and context_parallel_size=1"
+        r.notes.append(
+            f"{switch} with pipeline parallelism and unpacked rows: every micro-batch holds the same number of "
+            f"whole-width rows, as many as {key}={budget} tokens hold"
         )
 
 
@@ -747,12 +748,6 @@ def _check_lora(cfg: GRPOConfig, shape: ModelShape | None, r: Report) -> None:
     if not lora.target_modules and not lora.exclude_modules:
         r.errors.append(f"{key}.target_modules is empty: no linear would get an adapter")
     m = cfg.actor_rollout_ref.actor.megatron
-    if m.context_parallel_size > 1:  # else the ranks would stop at the model's build (SDPAttention: models/spec.py)
-        r.errors.append(
-            f"{key}: LoRA with context parallelism (context_parallel_size={m.context_parallel_size}) is not offered "
-            "here: the adapters sit on megatron's own linears, whose layer spec has no context-parallel attention; "
-            "set actor_rollout_ref.actor.megatron.context_parallel_size=1"
-        )
     if shape is not None and shape.is_moe and (m.expert_tensor_parallel_size or m.tensor_model_parallel_size) > 1:
         r.errors.append(
             f"{key}: LoRA on experts split over expert tensor parallelism is not offered here; set "

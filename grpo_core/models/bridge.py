@@ -25,6 +25,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from grpo_core.models import context_parallel
 from grpo_core.models.fused import fusion_flags
 from grpo_core.models.lora import global_linear_names as lora_linears
 from grpo_core.models.lora import merged_weight
@@ -172,6 +173,8 @@ def build_model(
         rope_scaling_factor=shape.rope_scaling_factor or 8.0,
         vp_stage=vp_stage,
     )
+    if config.context_parallel_size > 1:
+        context_parallel.cut_rotary(model.rotary_pos_emb)
     if post_process and not config.sequence_parallel:
         batch_first_logits(model.output_layer)
     return model

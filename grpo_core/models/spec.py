@@ -34,7 +34,7 @@ from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from grpo_core.models import fused
+from grpo_core.models import context_parallel, fused
 from grpo_core.models.shape import ModelShape
 
 if not hasattr(moe_utils, "te_general_gemm"):
@@ -174,7 +174,9 @@ class SDPAttention(MegatronModule):
     Masks: a given ``attention_mask`` (bool, True = masked, broadcastable to [b, heads, s, s]) is applied
     as is; with no mask, ``attn_mask_type=causal`` runs SDPA's ``is_causal`` path (flash kernels on GPU).
     Packed sequences run torch's variable-length flash kernel on GPUs, elsewhere one causal SDPA call per
-    sequence of ``cu_seqlens_q`` (padded offsets when given).
+    sequence of ``cu_seqlens_q`` (padded offsets when given). With context parallelism (not packed) the keys and
+    values are gathered from every CP rank and the queries, this rank's chunks, attend to the whole sequence
+    (models/context_parallel.py); a given mask is then [b, 1, local queries, whole sequence].
     """
 
     def __init__(
@@ -189,8 +191,6 @@ class SDPAttention(MegatronModule):
         pg_collection=None,
     ):
         super().__init__(config=config)
-        if config.context_parallel_size != 1:
-            raise NotImplementedError("SDPAttention has no context parallelism: use Transformer Engine")
         if getattr(config, "window_size", None) is not None:
             raise NotImplementedError("SDPAttention has no sliding-window attention")
         if getattr(config, "softmax_type", "vanilla") != "vanilla":
@@ -225,6 +225,10 @@ class SDPAttention(MegatronModule):
             return self._attend_packed(query, key, value, packed_seq_params, dropout)
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
         s, b = query.shape[:2]
+        if self.config.context_parallel_size > 1:
+            key, value = (context_parallel.gather(t, 0, sum_grads=True) for t in (key, value))
+            if attention_mask is None and mask_type == AttnMaskType.causal:
+                attention_mask = context_parallel.causal_mask(s, query.device)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
         if attention_mask is not None:
             if attention_mask.dtype != torch.bool:
@@ -239,6 +243,8 @@ class SDPAttention(MegatronModule):
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
     def _attend_packed(self, query, key, value, params, dropout):
+        if self.config.context_parallel_size > 1:
+            raise NotImplementedError("packed sequences with context parallelism: the actor packs only at CP=1")
         if getattr(params, "qkv_format", "thd") != "thd":
             raise NotImplementedError(f"packed qkv_format {params.qkv_format!r}: only 'thd' is supported")
         padded = params.cu_seqlens_q_padded

@@ -196,7 +196,8 @@ def main() -> None:
         "--layouts",
         required=True,
         help="tp,pp[,flags];... flags: r recompute, h fp16, b bf16, p packed sequences, "
-        "t micro-batches by a token budget, f apply_rope_fusion (the split QKV rotated in one step)",
+        "t micro-batches by a token budget, f apply_rope_fusion (the split QKV rotated in one step), "
+        "c context parallel size 2",
     )
     parser.add_argument("--learn-steps", type=int, default=0)
     parser.add_argument("--out", required=True)
@@ -211,7 +212,7 @@ def main() -> None:
         tp, pp, flags = (spec + ",").split(",")[:3]
         tp, pp = int(tp), int(pp)
         dtype = "float16" if "h" in flags else "bfloat16" if "b" in flags else "float32"
-        layout = ParallelLayout(world_size=world, tp=tp, pp=pp)
+        layout = ParallelLayout(world_size=world, tp=tp, pp=pp, cp=2 if "c" in flags else 1)
         init_model_parallel(layout, seed=7)
         SPLIT_ROPE_CALLS[0] = 0
         settings = ActorSettings(

@@ -1,6 +1,6 @@
 """Run by torchrun (2 processes) from tests/test_lora.py: LoRA on the megatron actor, per model and layout.
 
-For each Hugging Face model given and each layout (TP1 DP2, TP2, TP2 with sequence parallelism, PP2): the adapters as initialised, in peft's names; the
+For each Hugging Face model given and each layout (TP1 DP2, TP2, TP2 with sequence parallelism, PP2, CP2): the adapters as initialised, in peft's names; the
 log-probs of a fixed batch with them and without (the base, the reference of a LoRA run); the gradients of one
 on-policy GRPO mini-batch (A and B, in peft's names); then one update: whether every base weight is bit-identical
 after it, which parameters megatron's DDP and optimizer hold, the adapters after, and the merged HF weights the
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
 from safetensors.torch import save_file
 
 from grpo_core.actor.actor import ActorSettings, MegatronActor
@@ -63,14 +64,20 @@ def adam_numel(optimizer) -> int:
     return sum(s["exp_avg"].numel() for o in parts for s in o.optimizer.state.values() if "exp_avg" in s)
 
 
-LAYOUTS = {"tp1": (1, 1, False), "tp2": (2, 1, False), "tp2sp": (2, 1, True), "pp2": (1, 2, False)}
-"""name -> (TP, PP, sequence parallelism); DP = 2 / (TP x PP)."""
+LAYOUTS = {
+    "tp1": (1, 1, False, 1),
+    "tp2": (2, 1, False, 1),
+    "tp2sp": (2, 1, True, 1),
+    "pp2": (1, 2, False, 1),
+    "cp2": (1, 1, False, 2),
+}
+"""name -> (TP, PP, sequence parallelism, CP); DP = 2 / (TP x PP x CP)."""
 
 
 def run(name: str, hf_dir: str, layout_name: str, world: int, out: str) -> dict:
     shape = load_model_shape(hf_dir)
-    tp, pp, sp = LAYOUTS[layout_name]
-    layout = ParallelLayout(world_size=world, tp=tp, pp=pp)
+    tp, pp, sp, cp = LAYOUTS[layout_name]
+    layout = ParallelLayout(world_size=world, tp=tp, pp=pp, cp=cp)
     init_model_parallel(layout, seed=7)
     settings = ActorSettings(
         sequence_parallel=sp,
@@ -114,6 +121,8 @@ def run(name: str, hf_dir: str, layout_name: str, world: int, out: str) -> dict:
         "trainable_all_adapters": all(".lora." in n for n in trainable) and len(trainable) > 0,
         "buffers_hold_only_adapters": {id(p) for n, p in named if ".lora." in n} == buffered,
         "adam_numel": adam_numel(actor.optimizer),
+        # the distributed optimizer shards Adam's state over DP x CP
+        "adam_shards": ps.get_data_parallel_world_size(with_context_parallel=True) if layout.dp == 1 else 1,
         "lora_numel": lora_numel,
         "sequence_parallel": all(a.sequence_parallel for a in adapters(actor.model)),
         "base_unchanged": all(torch.equal(named_after[n], t) for n, t in frozen.items()),
@@ -144,7 +153,7 @@ def checkpoint_round_trip(hf_dir: str, world: int, out: str) -> dict:
     batch = synthetic_batch(shape.vocab_size)
     numbers = {}
     for layout_name in ("tp2sp", "tp1"):
-        tp, pp, sp = LAYOUTS[layout_name]
+        tp, pp, sp, _ = LAYOUTS[layout_name]
         layout = ParallelLayout(world_size=world, tp=tp, pp=pp)
         init_model_parallel(layout, seed=7)
         settings = ActorSettings(layout=layout, sequence_parallel=sp, lr=1e-3, loss=LOSS, lora=LORA, mini_batch_rows=8)
