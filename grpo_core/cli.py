@@ -116,7 +116,8 @@ def _check_resume_point(run, checkpoint: Path) -> None:
         check_optimizer_layout(checkpoint, tp, pp)
     check_same_model(checkpoint, run.shape)
     check_same_adapters(checkpoint, lora_record(run.config))
-    check_same_data(checkpoint, position_data(run.config.data.train_files, run.config.actor_rollout_ref.model.path))
+    model = run.config.actor_rollout_ref.model
+    check_same_data(checkpoint, position_data(run.config.data.train_files, model.path, model.lora.start))
 
 
 def _launch(cfg, args: argparse.Namespace) -> int:

@@ -30,7 +30,8 @@ def train_grpo(config_path: str | None, overrides: list[str], mlflow_run_id: str
     log, total = get_run_logger(), cfg.trainer.total_training_steps
     latest = CheckpointManager.for_run(cfg.trainer).latest()
     if latest is not None and cfg.trainer.resume_mode == "auto":  # one line, no retry, before any rank starts
-        check_same_data(latest, position_data(cfg.data.train_files, cfg.actor_rollout_ref.model.path))
+        model = cfg.actor_rollout_ref.model
+        check_same_data(latest, position_data(cfg.data.train_files, model.path, model.lora.start))
     metrics = f"{cfg.trainer.default_local_dir}/{METRICS_FILE}"
     log.info("training %s steps; the ranks' log: %s/launch", total or "the epochs'", cfg.trainer.default_local_dir)
     try:

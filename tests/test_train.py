@@ -643,7 +643,8 @@ def test_lora_run_trains_exports_a_peft_adapter_and_resumes_only_on_its_base(tmp
     """`grpo train ... model.lora.rank=4` with a KL loss (its reference: the base, adapters off) and the static
     engine (which gets the merged weights): the engine's log-probs stay the actor's; the checkpoint holds the
     adapters alone; `grpo export --peft` writes a PEFT adapter that peft loads onto the base with the logits of the
-    merged export; resuming on another base model is one line and exit 2."""
+    merged export, and the rows that trained it; a run starting from it carries them on; resuming on another base
+    model is one line and exit 2."""
     pytest.importorskip("peft")
     import torch
     from peft import PeftModel
@@ -692,6 +693,8 @@ def test_lora_run_trains_exports_a_peft_adapter_and_resumes_only_on_its_base(tmp
         merged = AutoModelForCausalLM.from_pretrained(step / "hf", torch_dtype=torch.float32)(ids).logits
     assert torch.allclose(peft_logits, merged, atol=1e-5)
     assert not torch.allclose(peft_logits, base_logits, atol=1e-3)  # the adapter is not a no-op
+    # the adapter records which rows trained it, as a merged model does (what a run from it draws last)
+    assert json.loads((adapter / "rows_seen.json").read_text())["rows_seen"] == state["rows_seen"]
 
     # verl's lora.adapter_path (a registry adapter's warm start): the adapters start from the exported ones; at a
     # vanishing lr the one step leaves them there, so its merged export is the first run's
@@ -702,6 +705,8 @@ def test_lora_run_trains_exports_a_peft_adapter_and_resumes_only_on_its_base(tmp
     warm_step = tmp_path / "warm" / "checkpoints" / "step_000001"
     first, second = (load_file(d / "hf" / "model.safetensors") for d in (step, warm_step))
     assert all(torch.allclose(first[k], second[k], atol=1e-6) for k in first), "the adapter did not start the run"
+    warm_state = json.loads((warm_step / "trainer_state.json").read_text())
+    assert set(state["rows_seen"]) < set(warm_state["rows_seen"])  # the adapter's lineage carried on, new rows added
 
     other = tiny_model_dir(tmp_path / "other", seed=7)
     again = grpo_train(run, *base_overrides(other, capitals, 3), *lora)

@@ -67,6 +67,11 @@ class LoRAConfig:
         None, "a PEFT adapter directory (grpo export --peft) the adapters start from instead of their init"
     )
 
+    @property
+    def start(self) -> str | None:
+        """The adapter directory a LoRA run starts from (None: the adapters' init, or no LoRA)."""
+        return self.adapter_path if self.rank > 0 else None
+
 
 @dataclass
 class ModelConfig:

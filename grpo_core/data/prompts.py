@@ -145,17 +145,27 @@ def rows_seen(model_dir: str | Path) -> frozenset[str]:
         ) from None
 
 
+def start_rows_seen(model_dir: str | Path, adapter_dir: str | Path | None = None) -> frozenset[str]:
+    """The rows a run's start model had seen: its directory's, and with a LoRA adapter to start from (a registry
+    adapter's warm start) the adapter's too (they name the rows since, and before, the base)."""
+    seen = rows_seen(model_dir)
+    return seen | rows_seen(adapter_dir) if adapter_dir else seen
+
+
 def seen_digest(seen: frozenset[str]) -> str:
     """SHA-256 of a set of row ids: what a checkpoint's data position depends on besides the training set."""
     return hashlib.sha256("\n".join(sorted(seen)).encode()).hexdigest()
 
 
-def position_data(train_files: list[str], model_dir: str | Path) -> dict[str, str]:
+def position_data(
+    train_files: list[str], model_dir: str | Path, adapter_dir: str | Path | None = None
+) -> dict[str, str]:
     """What a data position counts in (a checkpoint's ``data``; checkpoint.check_same_data): the training set's
-    ``dataset_digest`` and the digest of the rows the start model (its directory) had seen."""
+    ``dataset_digest`` and the digest of the rows the start model (``start_rows_seen``) had seen."""
     from grpo_core.data.lineage import dataset_digest
 
-    return {"train_digest": dataset_digest(train_files), "seen_sha256": seen_digest(rows_seen(model_dir))}
+    seen = start_rows_seen(model_dir, adapter_dir)
+    return {"train_digest": dataset_digest(train_files), "seen_sha256": seen_digest(seen)}
 
 
 def decode_responses(tokenizer, responses: list[list[int]]) -> list[str]:

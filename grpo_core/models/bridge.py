@@ -497,9 +497,7 @@ TOKENIZER_FILES = (
 
 def write_hf_model(model, shape, out_dir: Path, trainer_state: dict) -> None:
     """The model as Hugging Face files: weights and ``hf_config`` (every rank of the model calls this), then the
-    tokenizer's files from ``tokenizer_path`` and the rows its training drew (rank 0; data/prompts.py)."""
-    from grpo_core.data.prompts import SEEN_FILE
-
+    tokenizer's files from ``tokenizer_path`` and the rows its training drew (rank 0)."""
     export_hf_weights(model, shape, out_dir, trainer_state["hf_config"])
     if dist.get_rank() != 0:
         return
@@ -508,7 +506,15 @@ def write_hf_model(model, shape, out_dir: Path, trainer_state: dict) -> None:
         for name in TOKENIZER_FILES:
             if (tokenizer / name).is_file():
                 shutil.copy2(tokenizer / name, out_dir / name)
-    if "rows_seen" in trainer_state:  # which data trained it: the training set and every row drawn, lineage included
+    write_rows_seen(out_dir, trainer_state)
+
+
+def write_rows_seen(out_dir: Path, trainer_state: dict) -> None:
+    """Which data trained a model (or adapter): the training set and every row drawn, its start's included (rank 0;
+    data/prompts.py reads it back when a run starts from it)."""
+    from grpo_core.data.prompts import SEEN_FILE
+
+    if "rows_seen" in trainer_state:
         data = trainer_state.get("data", {})
         record = {"train_digest": data.get("train_digest"), "rows": data.get("rows")}
         (out_dir / SEEN_FILE).write_text(json.dumps({**record, "rows_seen": trainer_state["rows_seen"]}) + "\n")

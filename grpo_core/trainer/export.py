@@ -12,7 +12,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, peft: bool = 
     from grpo_core import actor  # noqa: F401  (CPU compatibility before megatron)
     from grpo_core.actor.actor import ActorSettings, MegatronActor
     from grpo_core.actor.parallel import init_model_parallel
-    from grpo_core.models.bridge import write_hf_model, write_peft_adapter
+    from grpo_core.models.bridge import write_hf_model, write_peft_adapter, write_rows_seen
     from grpo_core.models.lora_settings import LoRASettings
     from grpo_core.models.shape import ModelShape, model_weights_dir
     from grpo_core.planning.layout import ParallelLayout
@@ -42,6 +42,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, peft: bool = 
     load_actor_state(checkpoint, policy)
     if peft:
         write_peft_adapter(policy.model, shape, out_dir, settings.lora, lora["base_model"])
+        write_rows_seen(out_dir, state)  # a run from the adapter draws the rows it has not seen first
     else:
         write_hf_model(policy.model, shape, out_dir, state)
     return out_dir

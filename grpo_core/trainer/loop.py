@@ -35,7 +35,14 @@ from grpo_core.algos import (
 )
 from grpo_core.config import GRPOConfig, to_flat_dict
 from grpo_core.data.batch import RolloutBatch
-from grpo_core.data.prompts import Prompt, PromptSampler, decode_responses, load_prompts, position_data, rows_seen
+from grpo_core.data.prompts import (
+    Prompt,
+    PromptSampler,
+    decode_responses,
+    load_prompts,
+    position_data,
+    start_rows_seen,
+)
 from grpo_core.diagnostics import RunDiagnostics
 from grpo_core.launch.watchdog import arm_stack_dumps
 from grpo_core.models.bridge import gather_hf_weights
@@ -205,7 +212,8 @@ def set_up(cfg: GRPOConfig, shape: ModelShape) -> TrainingSetup:
     val_prompts = []
     if _validates(cfg):
         val_prompts = load_prompts(d.val_files, tokenizer, d.max_prompt_length, prompt_key=d.prompt_key)[0]
-    seen = rows_seen(model_dir)  # rows the start model's training drew: they come after the others
+    adapter = model_cfg.lora.start  # a PEFT adapter the adapters start from (else their init)
+    seen = start_rows_seen(model_dir, adapter)  # rows the start model's training drew: they come after the others
     sampler = PromptSampler(train_prompts, d.train_batch_size, d.shuffle, d.seed, seen)
     if seen and rank == 0:
         new, rows = sampler.new_rows, len(train_prompts)
@@ -216,7 +224,6 @@ def set_up(cfg: GRPOConfig, shape: ModelShape) -> TrainingSetup:
 
     settings = ActorSettings.from_config(cfg, layout, arr.actor.optim.total_training_steps or optimizer_steps)
     status(f"building the actor ({layout.describe()}) and loading its weights")
-    adapter = model_cfg.lora.adapter_path if settings.lora.enabled else None  # the adapters' start (else init)
     actor = MegatronActor(shape, settings, hf_path=str(model_dir), adapter_path=adapter)
     # with LoRA the reference is the actor with its adapters off: no second model
     needs_model = _needs_ref(cfg) and not settings.lora.enabled
@@ -236,7 +243,7 @@ def set_up(cfg: GRPOConfig, shape: ModelShape) -> TrainingSetup:
         "dtype": settings.dtype,
         "tokenizer_path": str(tokenizer_dir),
         # what the data position counts in: the training set, and the rows its start model had seen
-        "data": {**position_data(d.train_files, model_dir), "rows": len(train_prompts)},
+        "data": {**position_data(d.train_files, model_dir, adapter), "rows": len(train_prompts)},
     }
     if settings.lora.enabled:  # a LoRA checkpoint holds adapters: it names the base they belong to
         trainer_state["lora"] = {**settings.lora.record(), "base_model": model_cfg.path}
