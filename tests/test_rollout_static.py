@@ -263,3 +263,26 @@ def test_packed_bf16_weights_give_the_unpacked_engines_tokens_and_log_probs(tmp_
     assert packed.response_log_probs != first  # the update reached the packed weights
     with pytest.raises(ValueError, match="pack_weights"):
         StaticEngine(shape, [511], "float32", max_model_len=128, pack_weights=True)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
+def test_the_cpu_decode_attention_is_sdpa_s(dtype, tol):
+    """The CPU's decode attention (two batched products per KV group, softmax in fp32) against torch's SDPA with
+    grouped heads: rows of one query over caches with masked slots (a prompt's padding, unwritten slots)."""
+    import torch.nn.functional as F
+
+    from grpo_core.rollout.decode_attention import grouped_matmul_attention
+
+    g = torch.Generator().manual_seed(0)
+    b, heads, kv_heads, length, d = 5, 6, 2, 37, 16
+    q = torch.randn(b, heads, 1, d, generator=g).to(dtype)
+    keys, values = (torch.randn(b, kv_heads, length, d, generator=g).to(dtype) for _ in range(2))
+    bias = torch.zeros(b, 1, 1, length, dtype=dtype)
+    for row in range(b):
+        bias[row, ..., :row] = float("-inf")  # padding before the prompt
+        bias[row, ..., length - row :] = float("-inf")  # slots not written yet
+    want = F.scaled_dot_product_attention(q.float(), keys.float(), values.float(), attn_mask=bias.float(),
+                                          enable_gqa=True)  # fmt: skip
+    got = grouped_matmul_attention(q, keys, values, bias)
+    assert got.dtype == dtype and got.shape == want.shape
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=0)

@@ -28,6 +28,20 @@ SLICE = 128  # prompt slots per program of the prompt part (a partial softmax ea
 BLOCK_N = 64  # slots per inner step
 
 
+def grouped_matmul_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor
+) -> torch.Tensor:
+    """One query per row [b, heads, 1, d] over its cache [b, kv_heads, L, d] as two batched matrix products: each KV
+    head's group of query heads [group, d] against its keys, the softmax in fp32 with the additive ``bias``
+    [b, 1, 1, L], times its values. The CPU's path: torch's CPU SDPA kernel, made for blocks of queries, spent about
+    half of the demo's decode step at one query a row (SmolLM2-135M, 16 rows, ~250 slots; bench/cpu_step.py)."""
+    b, heads, _, d = q.shape
+    kv_heads = keys.shape[1]
+    scores = torch.matmul(q.view(b, kv_heads, heads // kv_heads, d), keys.transpose(-1, -2))  # [b, kv, group, L]
+    weights = torch.softmax(scores.float() * d**-0.5 + bias, dim=-1).to(values.dtype)
+    return torch.matmul(weights, values).view(b, heads, 1, d)
+
+
 def available(head_dim: int) -> bool:
     return triton is not None and head_dim in (16, 32, 64, 128, 256)
 

@@ -11,14 +11,14 @@ How a ``generate`` call runs, per chunk of at most ``max_batch_size`` rows (whol
    keys/values: in the first of its ``n`` rows for the cascade attention, in every row for SDPA;
 2. sample the first token from the prompt's last logits;
 3. replay the decode step: write the token's K/V at the next cache slot, attend (on GPUs the cascade of
-   ``decode_attention``: a prompt's keys read once for its samples, one graph per chunk; else SDPA over each
-   row's cache up to the smallest multiple of ``LENGTH_BUCKET`` covering the slots written so far, one graph
-   per such length), sample the next token, advance; every 32 steps stop early if every row has met a stop
-   token.
+   ``decode_attention``: a prompt's keys read once for its samples, one graph per chunk; else SDPA, on CPUs two
+   batched products, over each row's cache up to the smallest multiple of ``LENGTH_BUCKET`` covering the slots
+   written so far, one graph per such length), sample the next token, advance; every 32 steps stop early if
+   every row has met a stop token.
 
 It runs the dense Llama / Qwen2 / Qwen3 decoders the actor trains, from HF-named weights stored fused
 (QKV and gate/up each one matrix). ``update_weights`` copies into those buffers in place, so captured
-graphs stay valid. On a CPU (tests) the same step runs eagerly.
+graphs stay valid. On a CPU (the demo, tests) the same step runs eagerly.
 """
 
 import time
@@ -413,9 +413,12 @@ class StaticEngine:
                 ).unsqueeze(2)
             else:
                 keys, values = cache[:rows, :, :length].split(kv_heads, 1)  # [b, kv, L, d] each
-                # one query per row over its cache, grouped heads as they are; on an H200 torch picks cuDNN's kernel:
-                # 0.064 ms a layer at 512 rows x 384 slots, against 0.100 ms for a compiled matmul + fp32 softmax
-                attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=True)
+                if not q.is_cuda:
+                    attended = decode_attention.grouped_matmul_attention(q, keys, values, bias)
+                else:
+                    # one query per row, grouped heads as they are; on an H200 torch picks cuDNN's kernel: 0.064 ms
+                    # a layer at 512 rows x 384 slots, against 0.100 ms for a compiled matmul + fp32 softmax
+                    attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=True)
             x = self._finish_layer(i, x, attended)
         self._sample(self._logits(x[:, 0]), st, mode)
         st["tokens"].index_copy_(1, st["step"], st["token"][:, None])
