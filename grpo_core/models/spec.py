@@ -253,14 +253,25 @@ class SDPAttention(MegatronModule):
             out = fused.varlen_causal_attention(query, key, value, cu, params.max_seqlen_q, self.softmax_scale)
             if out is not None:
                 return out.reshape(query.shape[0], -1)
+        # elsewhere (CPUs, fp32) the sequences side by side as rows, left-aligned: a row's padding comes after its
+        # tokens, so the causal mask alone keeps it out of every real query's attention; one batched call instead of
+        # one per sequence (on 2 CPU cores, 16 sequences of ~200 tokens: ~5x faster forward and backward)
         bounds = cu.tolist()
-        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))  # [1, heads, t, d]
-        out = torch.zeros_like(q)
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-            if end > start:
-                piece = self._sdpa(q[:, :, start:end], k[:, :, start:end], v[:, :, start:end], dropout, is_causal=True)
-                out[:, :, start:end] = piece
-        return out.squeeze(0).transpose(0, 1).reshape(query.shape[0], -1)
+        starts = torch.tensor(bounds[:-1])
+        lengths = torch.tensor(bounds[1:]) - starts
+        rows, width = len(bounds) - 1, max(int(lengths.max()), 1)
+        sequence = torch.repeat_interleave(torch.arange(rows), lengths)  # each token's sequence
+        slots = sequence * width + torch.arange(bounds[0], bounds[-1]) - starts[sequence]  # its place among the rows
+        slots = slots.to(query.device)
+
+        def as_rows(t):  # [t, heads, d] -> [rows, heads, width, d]
+            padded = t.new_zeros(rows * width, *t.shape[1:]).index_copy(0, slots, t[bounds[0] : bounds[-1]])
+            return padded.view(rows, width, *t.shape[1:]).transpose(1, 2)
+
+        out = self._sdpa(as_rows(query), as_rows(key), as_rows(value), dropout, is_causal=True)
+        packed = out.transpose(1, 2).reshape(rows * width, -1).index_select(0, slots)  # [tokens in sequences, h*d]
+        before, after = bounds[0], query.shape[0] - bounds[-1]  # tokens outside every sequence: zeros
+        return torch.nn.functional.pad(packed, (0, 0, before, after)) if before or after else packed
 
     def _sdpa(self, q, k, v, dropout, attn_mask=None, is_causal=False):
         return F.scaled_dot_product_attention(
