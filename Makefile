@@ -1,6 +1,6 @@
 # Set-up, demo and tests. Everything installs into .venv at the repo root.
 #   make demo   set up, then run the pipeline on the embedded default (CPU, no network): GRPO teaches the model the
-#               answer format in 7 steps, and the format rate rises significantly (~7 min plus set-up with bf16 cores)
+#               answer format in 12 steps, and the format rate rises significantly (~7 min plus set-up with bf16 cores)
 #   make test   set up, fetch the demo model, then lint and run the test suite (what CI runs)
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
