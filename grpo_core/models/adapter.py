@@ -80,8 +80,9 @@ def settings_mismatch(adapter: Adapter, rank: int, alpha: float) -> str:
     return f"the adapter {adapter.path} has {theirs}, the run rank {rank} and alpha {alpha:g}"
 
 
-def merged_weight(weight: "torch.Tensor", a: "torch.Tensor", b: "torch.Tensor", scale: float) -> "torch.Tensor":
-    """W + scale B A, computed in fp32 and returned in W's dtype (what peft's merge_and_unload gives)."""
+def merge_into(weight: "torch.Tensor", a: "torch.Tensor", b: "torch.Tensor", scale: float) -> "torch.Tensor":
+    """W + scale B A, computed in fp32 and returned in W's dtype (what peft's merge_and_unload gives); the actor's
+    parameters merge the same way through models.lora.merged_weight, where each TP shard holds its own A or B."""
     return (weight.float() + scale * (b.float() @ a.float())).to(weight.dtype)
 
 
@@ -101,7 +102,7 @@ def merge_adapter(base_dir: str | Path, adapter: Adapter, out_dir: str | Path) -
     for shard in shards:
         tensors = load_file(str(shard))
         for name in left & tensors.keys():
-            tensors[name] = merged_weight(tensors[name], *adapter.pair(name), adapter.scale)
+            tensors[name] = merge_into(tensors[name], *adapter.pair(name), adapter.scale)
         left -= tensors.keys()
         save_file(tensors, str(partial / shard.name), metadata={"format": "pt"})
     if left:
