@@ -325,6 +325,9 @@ def test_an_override_that_undoes_optimizer_offload_warns(capsys):
     assert "optimizer_offload=true is overridden by" in capsys.readouterr().out
 
 
+LORA_64 = [f"actor_rollout_ref.model.lora.{k}" for k in ("rank=64", "alpha=128", "target_modules=all-linear")]
+
+
 def test_a_checkpoint_that_cannot_fit_the_disk_is_refused_before_the_run(capsys):
     """The dry run compares a checkpoint's size (weights, + 12 B a parameter of Adam's state) with the free space
     where it would be written: a real small filesystem, /dev/shm (tmpfs, bounded by the machine's memory)."""
@@ -349,6 +352,11 @@ def test_a_checkpoint_that_cannot_fit_the_disk_is_refused_before_the_run(capsys)
     with_hf = "actor_rollout_ref.actor.checkpoint.save_contents=[model,extra,hf_model]"  # the weights twice
     main(["train", "--config", BASE, *args, with_hf, "--dry-run"])
     assert "~30.5 GB" in "".join(capsys.readouterr())  # an error or a warning, by what is free
+    # LoRA rank 64 on every linear: the checkpoint holds the 142.2M adapter parameters, 2 B + Adam's 12 B each
+    # (1.99 GB; the H100 run of bench/lora_vs_trl.sh saved 1.99 GB), not the frozen base
+    assert main(["train", "--config", BASE, *args, *LORA_64, "--dry-run"]) == 0
+    out = "".join(capsys.readouterr())
+    assert "checkpoint of this run" not in out and "checkpoints of" not in out
 
 
 def test_host_memory_of_the_cpu_optimizer_is_checked(capsys):
@@ -401,6 +409,13 @@ def test_host_memory_of_the_cpu_optimizer_is_checked(capsys):
     pageable = f"+{OPTIM}override_optimizer_config.pin_cpu_grads=false"
     assert main(["train", "--config", one_gpu, *resident, per_rank, pageable, "--dry-run"]) == 0
     assert re.search(r"host memory per node\s*│\s*83\.5", capsys.readouterr().out)
+    # LoRA: the optimizer holds the 142.2M adapter parameters only, gathered at 36 B each (4.8 GiB), and there is
+    # no reference copy. bench/lora_vs_trl.sh's 7B line on the H100 node (126 GiB) was refused here at 255 GiB.
+    lora = [*args[:3], *LORA_64, "trainer.host_memory_gib=126"]
+    assert main(["train", "--config", one_gpu, *lora, "--dry-run"]) == 0
+    lora_offload = [*lora, *resident[-2:]]  # half of the adapters' Adam on the CPU: the table shows it
+    assert main(["train", "--config", one_gpu, *lora_offload, "--dry-run"]) == 0
+    assert re.search(r"host memory per node, saving\s*│\s*6\.\d", capsys.readouterr().out)
 
 
 def test_log_prob_token_budgets_size_the_log_prob_phase():

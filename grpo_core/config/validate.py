@@ -43,7 +43,7 @@ from grpo_core.planning.budget import (
     optimizer_offloaded,
 )
 from grpo_core.planning.layout import ParallelLayout, actor_layout, pipeline_extra_layers, uneven_stages
-from grpo_core.planning.memory import DTYPE_BYTES, MemoryEstimate
+from grpo_core.planning.memory import DTYPE_BYTES, MemoryEstimate, lora_params_per_gpu
 from grpo_core.planning.planner import PEAK_SHARE, rollout_tp_fits
 from grpo_core.rewards.custom import RewardFileError, load_custom_reward
 
@@ -554,12 +554,15 @@ def _check_checkpoint_disk(cfg: GRPOConfig, shape: ModelShape, r: Report) -> Non
     if (free := _free_gb(where)) is None:
         return
     actor, keep = cfg.actor_rollout_ref.actor, cfg.trainer.max_actor_ckpt_to_keep
-    one = weights = shape.num_params * DTYPE_BYTES[actor.megatron.dtype] / 1e9
+    rank = cfg.actor_rollout_ref.model.lora.rank
+    # A LoRA checkpoint holds the adapters and their optimizer state; the frozen base stays model.path's
+    saved = lora_params_per_gpu(shape, ParallelLayout(world_size=1), rank) if rank else shape.num_params
+    one = weights = saved * DTYPE_BYTES[actor.megatron.dtype] / 1e9
     if "hf_model" in actor.checkpoint.save_contents:  # the weights again, as Hugging Face files
         one += weights
     lean = ""
     if "optimizer" in actor.checkpoint.save_contents:
-        one += shape.num_params * ADAM_CHECKPOINT_BYTES / 1e9
+        one += saved * ADAM_CHECKPOINT_BYTES / 1e9
         lean = (
             "; actor_rollout_ref.actor.checkpoint.save_contents=[model,extra] leaves Adam's state out "
             f"({weights:.1f} GB a checkpoint; a resume then starts Adam afresh)"

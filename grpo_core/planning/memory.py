@@ -275,9 +275,12 @@ def estimate_grpo_memory(
     shards = layout.dp if opts.use_distributed_optimizer else 1
     pinned = CPU_COPY_BYTES * (2 if opts.pinned_cpu_grads else 1)
     per_param = pinned * pinned_rounding(shape, layout, shards) + 2 * CPU_COPY_BYTES - pinned + ADAM_BYTES
-    hybrid = float(opts.optimizer_offload) * per_param * weights / DTYPE_BYTES[opts.dtype] / shards
+    # What the optimizer holds: with LoRA the adapters alone (the frozen base has no optimizer state to move or save)
+    lora = opts.lora_rank
+    trained = lora_params_per_gpu(shape, layout, lora) if lora else sum(params_per_gpu(shape, layout))
+    hybrid = float(opts.optimizer_offload) * per_param * trained / shards / GiB
     ref_host = reference if with_reference and ref_offload else 0
-    gathered = RESHARDABLE_SAVE_BYTES * sum(params_per_gpu(shape, layout)) / GiB
+    gathered = RESHARDABLE_SAVE_BYTES * trained / GiB
     streamed = STREAM_SAVE_THREADS * 4 * shape.vocab_size * shape.hidden_size / layout.tp / GiB
     host = (
         (weights if opts.param_offload else 0)
