@@ -150,11 +150,9 @@ def update_rows(model: str, shape, repeats: int) -> tuple[int, dict[str, float]]
     from grpo_core.actor.actor import ActorSettings, MegatronActor
     from grpo_core.actor.loss import LossSettings
     from grpo_core.actor.parallel import init_model_parallel
-    from grpo_core.cpu_memory import keep_freed_memory
     from grpo_core.data.batch import RolloutBatch
     from grpo_core.planning.layout import ParallelLayout
 
-    keep_freed_memory()  # as a CPU rank does (transformers' rows below get it too)
     g = torch.Generator().manual_seed(1)
     width = PROMPT_TOKENS + NEW_TOKENS
     ids = torch.randint(100, shape.vocab_size, (ROWS, width), generator=g)
@@ -216,8 +214,10 @@ def main() -> None:
     if not os.path.isdir(args.model):
         print(f"--model {args.model}: no such directory (make demo fetches it)", file=sys.stderr)
         sys.exit(2)
+    from grpo_core.cpu_memory import keep_freed_memory
     from grpo_core.models.shape import load_model_shape
 
+    keep_freed_memory()  # as a CPU rank and a CPU evaluation do; every row here runs with it
     shape = load_model_shape(args.model)
     from transformers import AutoModelForCausalLM
 

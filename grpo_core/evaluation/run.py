@@ -117,6 +117,7 @@ def evaluate_model(
     Raises DataError, ModelLoadError or CheckpointError for unusable input."""
     import torch
 
+    from grpo_core.cpu_memory import keep_freed_memory
     from grpo_core.data.gsm8k import DataError
     from grpo_core.data.prompts import chat_prompt_ids, check_data_file, load_rows
     from grpo_core.models.shape import read_hf_config
@@ -128,6 +129,8 @@ def evaluate_model(
         model = str(exported_model(model))
     check_weights(model, ("*.safetensors", "pytorch_model*.bin"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":  # as a CPU rank does: each decode step's logits and sampling buffers reuse freed pages
+        keep_freed_memory()
     rows = load_rows(data_file, settings.limit, settings.prompt_key)
     if not rows:
         raise DataError(f"{data_file} has no rows")
