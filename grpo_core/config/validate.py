@@ -43,7 +43,7 @@ from grpo_core.planning.budget import (
     optimizer_offloaded,
 )
 from grpo_core.planning.layout import ParallelLayout, actor_layout, pipeline_extra_layers, uneven_stages
-from grpo_core.planning.memory import DTYPE_BYTES, MemoryEstimate, lora_params_per_gpu
+from grpo_core.planning.memory import DTYPE_BYTES, MemoryEstimate, trained_params_per_gpu
 from grpo_core.planning.planner import PEAK_SHARE, rollout_tp_fits
 from grpo_core.rewards.custom import RewardFileError, load_custom_reward
 
@@ -554,9 +554,8 @@ def _check_checkpoint_disk(cfg: GRPOConfig, shape: ModelShape, r: Report) -> Non
     if (free := _free_gb(where)) is None:
         return
     actor, keep = cfg.actor_rollout_ref.actor, cfg.trainer.max_actor_ckpt_to_keep
-    rank = cfg.actor_rollout_ref.model.lora.rank
-    # A LoRA checkpoint holds the adapters and their optimizer state; the frozen base stays model.path's
-    saved = lora_params_per_gpu(shape, ParallelLayout(world_size=1), rank) if rank else shape.num_params
+    # the whole model's parameters, or a LoRA run's adapters (its frozen base stays model.path's)
+    saved = trained_params_per_gpu(shape, ParallelLayout(world_size=1), cfg.actor_rollout_ref.model.lora.rank)
     one = weights = saved * DTYPE_BYTES[actor.megatron.dtype] / 1e9
     if "hf_model" in actor.checkpoint.save_contents:  # the weights again, as Hugging Face files
         one += weights

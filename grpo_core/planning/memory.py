@@ -186,6 +186,12 @@ def lora_params_per_gpu(shape: ModelShape, layout: ParallelLayout, rank: int) ->
     return shape.num_layers / layout.pp * per_layer
 
 
+def trained_params_per_gpu(shape: ModelShape, layout: ParallelLayout, lora_rank: int) -> float:
+    """Parameters the optimizer holds on one GPU of the heaviest stage, what a checkpoint's optimizer state and its
+    save cover: with LoRA the adapters alone (the frozen base has no optimizer state), else every parameter."""
+    return lora_params_per_gpu(shape, layout, lora_rank) if lora_rank else sum(params_per_gpu(shape, layout))
+
+
 def training_state_gib(shape: ModelShape, layout: ParallelLayout, opts: MemoryOptions, shard_optimizer: bool = True):
     """(weights, gradients, optimizer) in GiB on one GPU during the update. With LoRA only the adapters have
     gradients, fp32 masters and Adam states; the frozen base has none of them."""
@@ -275,9 +281,7 @@ def estimate_grpo_memory(
     shards = layout.dp if opts.use_distributed_optimizer else 1
     pinned = CPU_COPY_BYTES * (2 if opts.pinned_cpu_grads else 1)
     per_param = pinned * pinned_rounding(shape, layout, shards) + 2 * CPU_COPY_BYTES - pinned + ADAM_BYTES
-    # What the optimizer holds: with LoRA the adapters alone (the frozen base has no optimizer state to move or save)
-    lora = opts.lora_rank
-    trained = lora_params_per_gpu(shape, layout, lora) if lora else sum(params_per_gpu(shape, layout))
+    trained = trained_params_per_gpu(shape, layout, opts.lora_rank)
     hybrid = float(opts.optimizer_offload) * per_param * trained / shards / GiB
     ref_host = reference if with_reference and ref_offload else 0
     gathered = RESHARDABLE_SAVE_BYTES * trained / GiB
