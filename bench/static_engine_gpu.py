@@ -76,7 +76,8 @@ def main() -> int:
             gaps = fidelity(model, PROMPTS, greedy), fidelity(model, PROMPTS, sampled)
             ok = same == len(PROMPTS) and max(gaps) < 2e-2  # TF32 in the cascade's products
             failed |= not ok
-            rows.append(f"| {kind} | {mode} | {same}/{len(PROMPTS)} | {gaps[0]:.1e} | {gaps[1]:.1e} | {'ok' if ok else 'FAIL'} |")
+            verdict = "ok" if ok else "FAIL"
+            rows.append(f"| {kind} | {mode} | {same}/{len(PROMPTS)} | {gaps[0]:.1e} | {gaps[1]:.1e} | {verdict} |")
     print("| model | engine mode | greedy = transformers | log-prob gap, greedy | sampled (n=4) | |")
     print("| --- | --- | --- | --- | --- | --- |")
     print(*rows, sep="\n")
