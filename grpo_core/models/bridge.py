@@ -25,6 +25,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from grpo_core.atomic import write_text_atomic
 from grpo_core.models import context_parallel
 from grpo_core.models.fused import fusion_flags
 from grpo_core.models.lora import global_linear_names as lora_linears
@@ -517,4 +518,4 @@ def write_rows_seen(out_dir: Path, trainer_state: dict) -> None:
     if "rows_seen" in trainer_state:
         data = trainer_state.get("data", {})
         record = {"train_digest": data.get("train_digest"), "rows": data.get("rows")}
-        (out_dir / SEEN_FILE).write_text(json.dumps({**record, "rows_seen": trainer_state["rows_seen"]}) + "\n")
+        write_text_atomic(out_dir / SEEN_FILE, json.dumps({**record, "rows_seen": trainer_state["rows_seen"]}) + "\n")
