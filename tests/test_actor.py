@@ -633,3 +633,28 @@ def test_a_token_budget_gives_one_number_of_rows_where_shapes_must_agree():
     assert rows_in_budget(6, width=10, tokens=35) == 3
     assert rows_in_budget(4, width=10, tokens=5) == 1  # a budget below one row still takes one
     assert rows_in_budget(4, width=10, tokens=1000) == 4
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 0.05)])
+def test_the_cpu_s_attention_by_products_is_causal_sdpa(dtype, tol):
+    """``fused.causal_attention_by_products`` (a CPU's packed rows, short ones) against fp32 SDPA: the output and the
+    gradients of the queries, keys and values, 6 query heads over 2 KV heads, a scale that is not 1/sqrt(d); rows
+    whose scores would pass ``PRODUCTS_ATTENTION_BYTES`` are left to torch's flash kernel (None)."""
+    import torch.nn.functional as F
+
+    from grpo_core.models import fused
+
+    g = torch.Generator().manual_seed(0)
+    shapes = ((3, 6, 21, 16), (3, 2, 21, 16), (3, 2, 21, 16))
+    q, k, v = (torch.randn(*s, generator=g).to(dtype).requires_grad_() for s in shapes)
+    grad = torch.randn(3, 6, 21, 16, generator=g).to(dtype)
+    want_q, want_k, want_v = (t.detach().float().requires_grad_() for t in (q, k, v))
+    want = F.scaled_dot_product_attention(want_q, want_k, want_v, is_causal=True, scale=0.3, enable_gqa=True)
+    want.backward(grad.float())
+    got = fused.causal_attention_by_products(q, k, v, 0.3)
+    got.backward(grad)
+    assert got.dtype == dtype
+    for mine, reference in ((got, want), (q.grad, want_q.grad), (k.grad, want_k.grad), (v.grad, want_v.grad)):
+        torch.testing.assert_close(mine.float(), reference, atol=tol, rtol=0)
+    wide = torch.zeros(1, 1, 4097, 4)  # 4097^2 fp32 scores: 67 MB, past the 64 MiB
+    assert fused.causal_attention_by_products(wide, wide, wide, 1.0) is None

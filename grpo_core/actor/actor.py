@@ -25,7 +25,14 @@ from grpo_core.algos import agg_denominator
 from grpo_core.data.batch import RolloutBatch
 from grpo_core.models import context_parallel, fused
 from grpo_core.models.adapter import read_adapter
-from grpo_core.models.bridge import DTYPES, build_model, load_hf_weights, load_peft_adapter, transformer_config
+from grpo_core.models.bridge import (
+    DTYPES,
+    build_model,
+    load_hf_weights,
+    load_peft_adapter,
+    logits_at,
+    transformer_config,
+)
 from grpo_core.models.lora import LoRASettings, adapters_disabled, apply_lora, is_adapter_param
 from grpo_core.models.shape import ModelShape
 from grpo_core.numerics import NotFinite, finite_each
@@ -291,7 +298,10 @@ class MegatronActor:
 
     def _forward(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         if mb.packed is not None:
-            return model(mb.packed.input_ids, None, None, packed_seq_params=mb.packed.params)
+            if self.config.sequence_parallel:
+                return model(mb.packed.input_ids, None, None, packed_seq_params=mb.packed.params)
+            with logits_at(model, mb.packed.logit_index.reshape(-1)):  # the positions predicting response tokens
+                return model(mb.packed.input_ids, None, None, packed_seq_params=mb.packed.params)
         ids, attn = mb.rows.input_ids, mb.rows.attention_mask
         pad = self._padded_length(ids.shape[1]) - ids.shape[1]
         if pad:
@@ -306,9 +316,15 @@ class MegatronActor:
         return model(ids, positions, mask)
 
     def _response_log_probs(self, logits: torch.Tensor, mb: MicroBatch, entropy_grad: bool):
-        """(log-prob, entropy) [rows, R] of each response token, from the logits one position before it. They are
-        taken at every position (of its next token) and the responses' picked out after, so the kernels read the
-        logits as one contiguous [tokens, vocab] block and the backward writes their gradient in one pass."""
+        """(log-prob, entropy) [rows, R] of each response token, from the logits one position before it. Packed,
+        the model computed those positions' logits only (``_forward``); otherwise they are taken at every position
+        (of its next token) and the responses' picked out after. Either way the kernels read the logits as one
+        contiguous [tokens, vocab] block and the backward writes their gradient in one pass."""
+        if mb.packed is not None and not self.config.sequence_parallel:  # logits at those positions only (_forward)
+            index = mb.packed.logit_index
+            targets = mb.packed.input_ids.roll(-1, dims=1)[:, index.reshape(-1)]
+            lp, ent = log_probs_and_entropy(logits, targets, self.shape.vocab_size, entropy_grad=entropy_grad)
+            return lp.view(index.shape), ent.view(index.shape)
         ids = mb.packed.input_ids if mb.packed is not None else mb.rows.input_ids
         cp = self.s.layout.cp
         targets = torch.nn.functional.pad(ids, (0, logits.shape[1] * cp - ids.shape[1])).roll(-1, dims=1)

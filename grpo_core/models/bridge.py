@@ -10,6 +10,7 @@ over TP, and one rank per shard sends the HF tensors to global rank 0, which str
 parameter at a time (the largest is the embedding: vocab x hidden).
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -185,14 +186,38 @@ def batch_first_logits(output_layer: torch.nn.Module) -> None:
     """Make the output layer write its logits batch-first, [b, s, vocab], returned as the [s, b, vocab] view
     GPTModel expects. GPTModel then transposes them back to [b, s, vocab] with ``.contiguous()``, which no longer
     copies: at 152k columns that copy and its backward moved ~10 GB per 8k-token micro-batch, where transposing
-    the hidden states instead moves 2% of it. Not with sequence parallelism, whose all-gather is along dim 0."""
+    the hidden states instead moves 2% of it. Not with sequence parallelism, whose all-gather is along dim 0.
+    Inside ``logits_at`` it computes the logits of the positions given only."""
     forward = output_layer.forward
+    output_layer.logit_positions = None
 
     def batch_first(hidden: torch.Tensor, *args, **kwargs):
+        if output_layer.logit_positions is not None:
+            hidden = hidden.index_select(0, output_layer.logit_positions)
         logits, bias = forward(hidden.transpose(0, 1).contiguous(), *args, **kwargs)
         return logits.transpose(0, 1), bias
 
     output_layer.forward = batch_first
+
+
+@contextlib.contextmanager
+def logits_at(model: torch.nn.Module, positions: torch.Tensor):
+    """Within it, ``model``'s output layer (on its last pipeline stage; none elsewhere) computes the logits of the
+    sequence ``positions`` only, [b, len(positions), vocab]: a packed micro-batch needs them where a response token
+    is predicted, about half its tokens in a GSM8K rollout, so the lm-head's three products and the log-prob passes
+    over the vocabulary do half the work. Not with sequence parallelism (each rank holds a slice of the
+    sequence), where the output layer has no ``logit_positions``: the caller checks ``sequence_parallel``."""
+    while hasattr(model, "module"):  # DDP, Float16Module
+        model = model.module
+    layer = getattr(model, "output_layer", None) if getattr(model, "post_process", False) else None
+    if layer is None:
+        yield
+        return
+    layer.logit_positions = positions
+    try:
+        yield
+    finally:
+        layer.logit_positions = None
 
 
 # ---------------------------------------------------------------- weights

@@ -268,7 +268,10 @@ class SDPAttention(MegatronModule):
             padded = t.new_zeros(rows * width, *t.shape[1:]).index_copy(0, slots, t[bounds[0] : bounds[-1]])
             return padded.view(rows, width, *t.shape[1:]).transpose(1, 2)
 
-        out = self._sdpa(as_rows(query), as_rows(key), as_rows(value), dropout, is_causal=True)
+        rows_q, rows_k, rows_v = as_rows(query), as_rows(key), as_rows(value)
+        out = fused.causal_attention_by_products(rows_q, rows_k, rows_v, self.softmax_scale) if not dropout else None
+        if out is None:
+            out = self._sdpa(rows_q, rows_k, rows_v, dropout, is_causal=True)
         packed = out.transpose(1, 2).reshape(rows * width, -1).index_select(0, slots)  # [tokens in sequences, h*d]
         before, after = bounds[0], query.shape[0] - bounds[-1]  # tokens outside every sequence: zeros
         return torch.nn.functional.pad(packed, (0, 0, before, after)) if before or after else packed
