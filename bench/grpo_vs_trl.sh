@@ -6,7 +6,8 @@
 #   bash bench/grpo_vs_trl.sh TOKENIZER_DIR GSM8K_SOURCE OUT   (GSM8K_SOURCE: what `grpo prepare --source` takes,
 #   or its output)
 # Needs trl and datasets beside the project's packages. Stages stop at BUDGET_S seconds (default 560); RUNS picks
-# grpo_step.sh's runs (RUNS=large: the fastest measured), SIZING=0 skips the SmolLM2 sizing.
+# grpo_step.sh's runs (RUNS=large: the fastest measured), SIZING=0 skips the SmolLM2 sizing, PEER=0 skips TRL
+# (a re-measure of our own step only).
 set -uo pipefail
 tok=$1 src=$2 out=$3 work=${WORK:-/tmp/bench-work} budget=${BUDGET_S:-560}
 data=$work/gsm8k model=$work/Qwen2.5-1.5B
@@ -20,9 +21,11 @@ stamp "project: bench/grpo_step.sh"
 bash bench/grpo_step.sh "$tok" "$data" "$out"
 echo "recompile-limit warnings: $(cat "$out"/*.log | grep -c recompile_limit)"
 
-stamp "TRL GRPOTrainer"
-timeout "$(left)" python3 bench/trl_peer.py "$model" "$data" "$out/trl.json" --steps 3 > "$out/trl.log" 2>&1 \
-  || echo "trl failed: $(tail -3 "$out/trl.log")"
+if [ "${PEER:-1}" = 1 ]; then
+  stamp "TRL GRPOTrainer"
+  timeout "$(left)" python3 bench/trl_peer.py "$model" "$data" "$out/trl.json" --steps 3 > "$out/trl.log" 2>&1 \
+    || echo "trl failed: $(tail -3 "$out/trl.log")"
+fi
 
 stamp "limits"
 python3 bench/step_limit.py --measure --n 8 --model "$model" "$out"/*/metrics.jsonl --json "$out/limit.json" \

@@ -1,8 +1,12 @@
 """The static-cache engine against transformers on tiny random Llama / Qwen2 / Qwen3 models (fp32, CPU).
 
-On a CPU the decode step runs eagerly; on a GPU the same step is replayed as a CUDA graph (measured in
-BENCHMARKS.md, not here: CI has no GPU).
+On a CPU the decode step runs eagerly (bf16 with packed weights: compiled, tested here against the eager step); on
+a GPU the same step is replayed as a CUDA graph (bench/static_engine_gpu.py checks it on a lent GPU: CI has none).
 """
+
+import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,6 +60,7 @@ def engine_for(model, shape, stop_ids=(2,), **kwargs):
     return engine
 
 
+REPO = Path(__file__).resolve().parent.parent
 PROMPTS = [[5, 17, 33, 250, 7], [9, 100], [44, 45, 46, 47, 48, 49, 50, 51, 52]]  # left padding matters
 
 
@@ -333,3 +338,39 @@ def test_the_cpu_decode_attention_is_sdpa_s(attend, dtype, tol):
     got = getattr(decode_attention, attend)(q, keys, values, bias)
     assert got.dtype == dtype and got.shape == want.shape
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=0)
+
+
+def test_a_cpu_decode_step_that_cannot_compile_decodes_eagerly_and_says_so(tmp_path):
+    """A broken C++ toolchain (here a compiler that is /bin/false, with an empty inductor cache so it is asked): the
+    engine says so in one line and decodes eagerly, the same greedy tokens as an engine that never compiled."""
+    import subprocess
+    import sys
+
+    from grpo_core.rollout.static import can_pack
+
+    if not can_pack(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("the compiled decode step needs oneDNN bf16")
+    script = f"""
+import json, torch
+from pathlib import Path
+from torch._inductor import config
+config.cpp.cxx = (None, "/bin/false")
+from tests.test_rollout_static import tiny, PROMPTS
+from grpo_core.rollout.base import SamplingSettings
+from grpo_core.rollout.static import StaticEngine
+model, shape = tiny("llama", Path({str(tmp_path)!r}))
+greedy = SamplingSettings(n=1, temperature=0.0, max_new_tokens=6)
+out = []
+for compiled in (True, False):
+    engine = StaticEngine(shape, [511], "bfloat16", max_model_len=64, max_batch_size=4, compile_decode=compiled)
+    engine.update_weights(model.state_dict().items())
+    out.append(engine.generate(PROMPTS, greedy).response_ids + [engine.compile_decode])
+print(json.dumps(out))
+"""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    fallen_back, eager = json.loads(done.stdout.strip().splitlines()[-1])
+    assert fallen_back == eager and fallen_back[-1] is False
+    assert "static engine: compiling the CPU decode step failed, decoding eagerly (InvalidCxxCompiler" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -22,6 +22,7 @@ graphs stay valid. On a CPU (the demo, tests) the same step runs eagerly.
 """
 
 import shutil
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -30,6 +31,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch._dynamo.exc import BackendCompilerFailed
+from torch._inductor.exc import InductorError
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from grpo_core.models.fused import rms_norm, rope
@@ -486,13 +489,12 @@ class StaticEngine:
         bias = st["bias"][:, None, None, :length]  # [b, 1, 1, L]: -inf at the prompt's padding and unwritten slots
         kv_heads = self.shape.num_kv_heads
         prompt_slots = self.max_model_len - limit  # the widest prompt a chunk of this shape can hold
-        s = self.shape
         for i, cache in enumerate(self._kv_cache()):
             if self.compile_decode:
-                w = self._prepared()[0][i]
-                args = (*rotation, bias, w, s.num_attention_heads, s.num_kv_heads, s.norm_eps)
-                x = _one_token_layer_compiled(x, cache, st["slot"], *args)
-                continue
+                compiled = self._compiled_layer(x, cache, st["slot"], *rotation, bias, self._prepared()[0][i])
+                if compiled is not None:
+                    x = compiled
+                    continue
             q, kv = self._attention_inputs(i, x, rotation)
             cache[:rows].index_copy_(2, st["slot"], kv)
             if self.cascade:
@@ -514,6 +516,19 @@ class StaticEngine:
         st["position"].add_(1)
         st["slot"].add_(1)
         st["step"].add_(1)
+
+    def _compiled_layer(self, x, cache, slot, cos, sin, bias, w: dict) -> torch.Tensor | None:
+        """``one_token_layer`` compiled; None (and eager decoding from then on, said once) if torch.compile fails
+        here, e.g. a broken C++ toolchain. A failed compile runs nothing, so the caller redoes the layer eagerly."""
+        s = self.shape
+        try:
+            return _one_token_layer_compiled(x, cache, slot, cos, sin, bias, w, s.num_attention_heads,
+                                             s.num_kv_heads, s.norm_eps)  # fmt: skip
+        except (BackendCompilerFailed, InductorError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            print(f"static engine: compiling the CPU decode step failed, decoding eagerly ({first})", file=sys.stderr)
+            self.compile_decode = False
+            return None
 
     def _sample(self, logits: torch.Tensor, st: dict, mode: tuple) -> None:
         """Next token into st["token"] and its temperature-1 log-prob into st["log_prob"] (graph-safe: no syncs)."""
