@@ -447,6 +447,24 @@ def test_a_pickle_in_a_checkpoint_never_runs_even_unchecked(tmp_path, monkeypatc
     assert marker.exists()
 
 
+def test_torch_s_own_read_of_a_swapped_metadata_runs_nothing(tmp_path):
+    """The window between the check and the load for ``.metadata``: torch's reader unpickles it with plain pickle,
+    which the weights-only switch does not reach; with grpo_core's checks imported it refuses a command pickle put
+    there after the check, and still reads a real one (and still writes them)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    import grpo_core.trainer.contents  # noqa: F401  (the guard is installed on import)
+
+    dcp.save({"w": torch.ones(3)}, checkpoint_id=tmp_path / "ckpt", no_dist=True)
+    assert FileSystemReader(tmp_path / "ckpt").read_metadata().state_dict_metadata["w"].size == torch.Size([3])
+    marker = tmp_path / "PWNED"
+    (tmp_path / "ckpt" / ".metadata").write_bytes(pickle.dumps(RunsACommand(marker)))
+    with pytest.raises(pickle.UnpicklingError, match="refused global posix.system"):
+        FileSystemReader(tmp_path / "ckpt").read_metadata()
+    assert not marker.exists()
+
+
 def test_auto_resume_skips_an_unsafe_newest_checkpoint(uninterrupted, tmp_path, caplog):
     src, _ = uninterrupted
     root = tmp_path / "ckpt"

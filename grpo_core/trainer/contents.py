@@ -13,8 +13,10 @@ code in the process that loads it. Two guards, both needed:
   checkpoints written before manifests.
 - torch's own switch, ``TORCH_FORCE_WEIGHTS_ONLY_LOAD=1``, which importing grpo_core sets (grpo_core/__init__.py),
   makes every ``torch.load`` of the process weights-only whatever its caller asked (megatron's loaders and
-  torch's planner included), so a byte item changed between the check and the load is refused too. The one
-  unpickling it cannot reach is torch's read of ``.metadata`` (plain ``pickle``), which the check precedes.
+  torch's planner included), so a byte item changed between the check and the load is refused too. torch's own
+  read of ``.metadata`` (plain ``pickle``, which that switch does not reach) goes through the check's unpickler
+  once this module is imported (``guard_torch_metadata_reads``), so a ``.metadata`` swapped after its check is
+  refused as well.
 """
 
 import io
@@ -54,6 +56,28 @@ class _MetadataUnpickler(pickle.Unpickler):
         if (module, name) in _PLAIN_GLOBALS:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"refused global {module}.{name}")
+
+
+class _GuardedPickle:
+    """Stands in for the ``pickle`` module of torch.distributed.checkpoint's filesystem reader: its one load (the
+    ``.metadata`` index) through ``_MetadataUnpickler``; everything else (the writer's dump) is pickle's own."""
+
+    def __getattr__(self, name: str):
+        return getattr(pickle, name)
+
+    @staticmethod
+    def load(file, **kwargs):
+        return _MetadataUnpickler(file).load()
+
+
+def guard_torch_metadata_reads() -> None:
+    """Make torch's read of a checkpoint's ``.metadata`` refuse every global but its own classes, as the check does."""
+    from torch.distributed.checkpoint import filesystem
+
+    filesystem.pickle = _GuardedPickle()
+
+
+guard_torch_metadata_reads()
 
 
 def read_metadata(root: Path):
