@@ -23,7 +23,7 @@ from grpo_core.actor.logprobs import (
 
 def compiled_sums(logits: torch.Tensor, real: int) -> torch.Tensor:
     row_max = _kernel(_row_max, logits, real)
-    return torch.cat((row_max[None], _kernel(_exp_sums, logits, row_max, real)))
+    return torch.cat((row_max[None], _kernel(_exp_sums, logits, row_max, real).T))
 
 
 def main() -> None:

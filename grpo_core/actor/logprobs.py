@@ -47,11 +47,11 @@ def _row_max(logits: torch.Tensor, real_columns: int) -> torch.Tensor:
 
 
 def _exp_sums(logits: torch.Tensor, row_max: torch.Tensor, real_columns: int) -> torch.Tensor:
-    """[2, ...]: sum_v exp(s_v) and sum_v exp(s_v) * s_v of the shifted logits s."""
+    """[tokens, 2]: sum_v exp(s_v) and sum_v exp(s_v) * s_v of the shifted logits s."""
     s = _real(logits, real_columns).sub_(row_max.unsqueeze(-1))
     e = s.exp()
     sum_exp = e.sum(-1)
-    return torch.stack((sum_exp, e.mul_(s).sum(-1)))
+    return torch.stack((sum_exp, e.mul_(s).sum(-1)), dim=-1)
 
 
 def _softmax_sums(logits: torch.Tensor, real_columns: int) -> torch.Tensor:
@@ -64,7 +64,7 @@ def _softmax_sums(logits: torch.Tensor, real_columns: int) -> torch.Tensor:
         sums[0] = PAD_LOGIT
         return sums
     row_max = _kernel(_row_max, logits, real_columns)
-    return torch.cat((row_max[None], _kernel(_exp_sums, logits, row_max, real_columns)))
+    return torch.cat((row_max[None], _kernel(_exp_sums, logits, row_max, real_columns).T))
 
 
 def _shifted(sums: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
@@ -196,7 +196,7 @@ several elementwise steps. On 2 EPYC cores, [3,136 x 49,152] forward and backwar
 def _kernel(f, *args):
     """``f`` fused (compiled) on GPUs, the token count symbolic and the vocabulary fixed (see ``fused.token_dims``);
     on a CPU, where compiling would cost more than it saves, eager over ``CPU_ROWS`` rows at a time (each argument
-    is [tokens, ...] or a plain value; the results are joined along their token dimension)."""
+    is [tokens, ...] or a plain value, and so is the result)."""
     if args[0].is_cuda:
         return _compiled[f](*(fused.token_dims(a, 0) if isinstance(a, torch.Tensor) else a for a in args))
     tokens = len(args[0])
@@ -206,7 +206,7 @@ def _kernel(f, *args):
         f(*(a[i : i + CPU_ROWS] if isinstance(a, torch.Tensor) else a for a in args))
         for i in range(0, tokens, CPU_ROWS)
     ]
-    return torch.cat(parts, dim=-1 if f is _exp_sums else 0)  # _exp_sums: [2, tokens]
+    return torch.cat(parts)
 
 
 def _all_reduce(x: torch.Tensor, op=torch.distributed.ReduceOp.SUM) -> torch.Tensor:
