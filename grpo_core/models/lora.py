@@ -78,8 +78,9 @@ class LoRA(torch.nn.Module):
         for p in (self.A, self.B):  # experts' gradients are reduced over the expert-data-parallel group
             p.allreduce = getattr(weight, "allreduce", True)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The adapter's term of the linear's output (same layout as the output)."""
+    def forward(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The linear's output ``out`` plus the adapter's term, the sum written by B's product itself (``addmm``):
+        a separate scale and add passed over the [tokens, out] output three more times."""
         if self.dropout is not None:
             if self.column or self.tp == 1:
                 x = self.dropout(x)  # the default generator: the same mask on every TP rank (replicated x)
@@ -100,7 +101,8 @@ class LoRA(torch.nn.Module):
                     if self.sequence_parallel
                     else reduce_from_tensor_model_parallel_region(h, group=self.group)
                 )
-        return torch.matmul(h, self.B.t()) * self.scale
+        h = h.to(out.dtype).reshape(-1, h.shape[-1])
+        return torch.addmm(out.reshape(-1, out.shape[-1]), h, self.B.t().to(out.dtype), alpha=self.scale).view_as(out)
 
     def delta(self) -> torch.Tensor:
         """scale * B A for this rank's shard of W, computed in fp32."""
@@ -131,7 +133,7 @@ def _add_adapter_term(module: torch.nn.Module, args: tuple, kwargs: dict, output
         return output
     x = args[0] if args else kwargs["input_"]
     out, bias = output
-    return out + lora(x).to(out.dtype), bias
+    return lora(x, out), bias
 
 
 def global_linear_names(chunk: torch.nn.Module) -> Iterator[tuple[str, str, torch.nn.Module]]:
