@@ -179,10 +179,11 @@ def test_inverse_cdf_draws_each_token_at_its_probability_and_never_a_masked_or_p
     assert inverse_cdf(only).tolist() == [256, 3, 128]
 
 
-def test_the_cpu_sampler_draws_what_the_compiled_one_does():
-    """``sample_on_cpu`` (masses from softmax) against ``sample`` (from ``block_stats``), both eager here: from the
-    same random numbers the same tokens (a draw lands on another token only where the two masses round apart), the
-    same temperature-1 log-probs, at temperature 1 and with temperature, top-k and top-p; greedy alike."""
+def test_the_cpu_sampler_draws_what_the_gpu_one_does():
+    """``sample_on_cpu`` (masses from softmax) against ``sample`` (from ``block_stats``; compiled on GPUs), both
+    eager here: from the same random numbers the same tokens (a draw lands on another token only where the two
+    masses round apart), the same temperature-1 log-probs, at temperature 1 and with temperature, top-k and top-p;
+    greedy alike."""
     from grpo_core.rollout.static import sample, sample_on_cpu
 
     g = torch.Generator().manual_seed(0)

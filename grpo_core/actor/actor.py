@@ -297,10 +297,9 @@ class MegatronActor:
         return -(-length // multiple) * multiple
 
     def _forward(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-        if mb.packed is not None:
-            if self.config.sequence_parallel:
-                return model(mb.packed.input_ids, None, None, packed_seq_params=mb.packed.params)
-            with logits_at(model, mb.packed.logit_index.reshape(-1)):  # the positions predicting response tokens
+        if mb.packed is not None:  # logits only at the positions predicting response tokens (not with SP)
+            positions = None if self.config.sequence_parallel else mb.packed.logit_index.reshape(-1)
+            with logits_at(model, positions):
                 return model(mb.packed.input_ids, None, None, packed_seq_params=mb.packed.params)
         ids, attn = mb.rows.input_ids, mb.rows.attention_mask
         pad = self._padded_length(ids.shape[1]) - ids.shape[1]

@@ -201,16 +201,16 @@ def batch_first_logits(output_layer: torch.nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def logits_at(model: torch.nn.Module, positions: torch.Tensor):
+def logits_at(model: torch.nn.Module, positions: torch.Tensor | None):
     """Within it, ``model``'s output layer (on its last pipeline stage; none elsewhere) computes the logits of the
-    sequence ``positions`` only, [b, len(positions), vocab]: a packed micro-batch needs them where a response token
-    is predicted, about half its tokens in a GSM8K rollout, so the lm-head's three products and the log-prob passes
-    over the vocabulary do half the work. Not with sequence parallelism (each rank holds a slice of the
-    sequence), where the output layer has no ``logit_positions``: the caller checks ``sequence_parallel``."""
+    sequence ``positions`` only, [b, len(positions), vocab] (None: every position's): a packed micro-batch needs
+    them where a response token is predicted, about half its tokens in a GSM8K rollout, so the lm-head's three
+    products and the log-prob passes over the vocabulary do half the work. Not with sequence parallelism (each
+    rank holds a slice of the sequence), where the output layer has no ``logit_positions``: the caller checks."""
     while hasattr(model, "module"):  # DDP, Float16Module
         model = model.module
     layer = getattr(model, "output_layer", None) if getattr(model, "post_process", False) else None
-    if layer is None:
+    if layer is None or positions is None:
         yield
         return
     layer.logit_positions = positions

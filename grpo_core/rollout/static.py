@@ -18,7 +18,8 @@ How a ``generate`` call runs, per chunk of at most ``max_batch_size`` rows (whol
 
 It runs the dense Llama / Qwen2 / Qwen3 decoders the actor trains, from HF-named weights stored fused
 (QKV and gate/up each one matrix). ``update_weights`` copies into those buffers in place, so captured
-graphs stay valid. On a CPU (the demo, tests) the same step runs eagerly.
+graphs stay valid. On a CPU (the demo, tests) the same step runs eagerly, or, with bf16 weights packed for oneDNN
+and a C++ compiler for torch.compile, each layer compiled whole (``one_token_layer``).
 """
 
 import shutil
@@ -196,7 +197,7 @@ def can_compile_on_cpu() -> bool:
 
 def attention_inputs(x, w: dict, cos, sin, heads: int, kv_heads: int, eps: float, linear=F.linear):
     """x [b, s, hidden] -> q [b, heads, s, d] and keys-then-values [b, 2 * kv_heads, s, d], rotated, for the layer
-    whose tensors are ``w`` (``StaticEngine._layers``)."""
+    whose tensors are ``w`` (``StaticEngine._prepared``)."""
     b, t, _ = x.shape
     qkv = linear(rms_norm(x, w["input_norm"], eps), w["qkv"], w.get("qkv_bias"))
     qkv = qkv.view(b, t, heads + 2 * kv_heads, -1).transpose(1, 2)  # [b, all heads, t, d]
