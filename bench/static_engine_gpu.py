@@ -2,44 +2,25 @@
 replayed as CUDA graphs (the default), SDPA replayed as graphs, and SDPA eagerly. CI has no GPU, so the engine's
 graph captures, the cascade's Triton kernels and the compiled GPU functions are checked here, on the lent machine.
 
-    python bench/static_engine_gpu.py        (bench/gpu_call.sh runs it in bench/static_engine_gpu.sh)
+    PYTHONPATH=$PWD python3 bench/static_engine_gpu.py     (from the repo root on the lent machine)
 
-Random 2-layer Llama, Qwen2 (QKV biases) and Qwen3 (q/k norms) models, fp32 weights, three left-padded prompts.
+The suite's random 2-layer Llama, Qwen2 (QKV biases) and Qwen3 (q/k norms) models (tests/test_rollout_static.py),
+fp32 weights, its three left-padded prompts (head size 16, which the cascade takes).
 Per mode: greedy and sampled (n=4) generations, the largest gap between the engine's log-probs and the model's
 own for the same tokens, and whether the greedy tokens equal transformers' greedy ones. Prints a table last.
 """
 
 import sys
 import tempfile
+from pathlib import Path
 
 import torch
 
-from grpo_core.models.shape import load_model_shape
 from grpo_core.rollout.base import SamplingSettings
 from grpo_core.rollout.static import StaticEngine
+from tests.test_rollout_static import PROMPTS, tiny  # the suite's models (run from the repo root)
 
-PROMPTS = [[5, 17, 33, 250, 7], [9, 100], [44, 45, 46, 47, 48, 49, 50, 51, 52]]
 MODES = {"cascade, graphs": ("cascade", True), "sdpa, graphs": ("sdpa", True), "sdpa, eager": ("sdpa", False)}
-
-
-def tiny(kind: str, directory: str):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
-
-    common = dict(vocab_size=512, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2)  # fmt: skip
-    torch.manual_seed(0)
-    model = {
-        "llama": lambda: LlamaForCausalLM(LlamaConfig(**common)),
-        "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=False, **common)),
-        "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(tie_word_embeddings=False, head_dim=32, **common)),
-    }[kind]()
-    if kind == "qwen2":
-        with torch.no_grad():
-            for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                    proj.bias.normal_(0, 0.2)
-    model.save_pretrained(directory)
-    return model.cuda().eval(), load_model_shape(directory)
 
 
 def fidelity(model, prompts, gen) -> float:
@@ -58,7 +39,8 @@ def main() -> int:
     rows, failed = [], False
     for kind in ("llama", "qwen2", "qwen3"):
         with tempfile.TemporaryDirectory() as directory:
-            model, shape = tiny(kind, directory)
+            model, shape = tiny(kind, Path(directory))
+        model = model.cuda().eval()
         with torch.no_grad():
             want = [
                 model.generate(torch.tensor([p], device="cuda"), max_new_tokens=12, do_sample=False)[0, len(p) :]

@@ -218,16 +218,19 @@ def finish_layer(x, attended, w: dict, eps: float, linear=F.linear) -> torch.Ten
     return block(x, flat, w["o"], w["post_norm"], w["gate_up"], w["down"], eps, linear=linear)
 
 
-def one_token_layer(x, cache, slot, cos, sin, bias, w: dict, heads: int, kv_heads: int, eps: float) -> torch.Tensor:
-    """A CPU decode step's layer, written to be compiled whole (``_one_token_layer_compiled``): rows of one token
-    x [b, 1, hidden] write their keys and values at ``slot`` and attend over the cache's first ``bias.shape[-1]``
-    slots by ``decode_attention.summed_attention``; the matrices are ``pack``ed. Eagerly, a layer of the demo's
-    step (SmolLM2-135M, 16 rows) was ~30 operator calls around 4 products; compiled, 6 loops of C++ and the
-    products (bench/cpu_step.py)."""
-    q, kv = attention_inputs(x, w, cos, sin, heads, kv_heads, eps, packed_linear)
+def one_token_layer(
+    x, cache, slot, cos, sin, bias, w: dict, heads: int, kv_heads: int, eps: float,
+    linear=packed_linear, attend=decode_attention.summed_attention,
+) -> torch.Tensor:  # fmt: skip
+    """A CPU decode step's layer: rows of one token x [b, 1, hidden] write their keys and values at ``slot`` and
+    attend over the cache's first ``bias.shape[-1]`` slots. Compiled whole (``_one_token_layer_compiled``, the
+    defaults: the matrices ``pack``ed, attention as sums); eagerly, ``grouped_matmul_attention``. Eagerly, a layer
+    of the demo's step (SmolLM2-135M, 16 rows) was ~30 operator calls around 4 products; compiled, 6 loops of C++
+    and the products (bench/cpu_step.py)."""
+    q, kv = attention_inputs(x, w, cos, sin, heads, kv_heads, eps, linear)
     cache[: x.shape[0]].index_copy_(2, slot, kv)
-    keys, values = cache[: x.shape[0], :, : bias.shape[-1]].split(kv_heads, 1)
-    return finish_layer(x, decode_attention.summed_attention(q, keys, values, bias), w, eps, packed_linear)
+    keys, values = cache[: x.shape[0], :, : bias.shape[-1]].split(kv_heads, 1)  # [b, kv, L, d] each
+    return finish_layer(x, attend(q, keys, values, bias), w, eps, linear)
 
 
 _one_token_layer_compiled = torch.compile(one_token_layer)  # rows and attended length turn symbolic when they change
@@ -491,11 +494,9 @@ class StaticEngine:
         kv_heads = self.shape.num_kv_heads
         prompt_slots = self.max_model_len - limit  # the widest prompt a chunk of this shape can hold
         for i, cache in enumerate(self._kv_cache()):
-            if self.compile_decode:
-                compiled = self._compiled_layer(x, cache, st["slot"], *rotation, bias, self._prepared()[0][i])
-                if compiled is not None:
-                    x = compiled
-                    continue
+            if not x.is_cuda and not self.cascade:  # (the cascade runs on a CPU in Triton's interpreter: tests)
+                x = self._cpu_layer(x, cache, st["slot"], rotation, bias, self._prepared()[0][i])
+                continue
             q, kv = self._attention_inputs(i, x, rotation)
             cache[:rows].index_copy_(2, st["slot"], kv)
             if self.cascade:
@@ -504,12 +505,9 @@ class StaticEngine:
                 ).unsqueeze(2)
             else:
                 keys, values = cache[:rows, :, :length].split(kv_heads, 1)  # [b, kv, L, d] each
-                if not q.is_cuda:
-                    attended = decode_attention.grouped_matmul_attention(q, keys, values, bias)
-                else:
-                    # one query per row, grouped heads as they are; on an H200 torch picks cuDNN's kernel: 0.064 ms
-                    # a layer at 512 rows x 384 slots, against 0.100 ms for a compiled matmul + fp32 softmax
-                    attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=True)
+                # one query per row, grouped heads as they are; on an H200 torch picks cuDNN's kernel: 0.064 ms
+                # a layer at 512 rows x 384 slots, against 0.100 ms for a compiled matmul + fp32 softmax
+                attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=True)
             x = self._finish_layer(i, x, attended)
         self._sample(self._logits(x[:, 0]), st, mode)
         st["tokens"].index_copy_(1, st["step"], st["token"][:, None])
@@ -518,18 +516,22 @@ class StaticEngine:
         st["slot"].add_(1)
         st["step"].add_(1)
 
-    def _compiled_layer(self, x, cache, slot, cos, sin, bias, w: dict) -> torch.Tensor | None:
-        """``one_token_layer`` compiled; None (and eager decoding from then on, said once) if torch.compile fails
-        here, e.g. a broken C++ toolchain. A failed compile runs nothing, so the caller redoes the layer eagerly."""
+    def _cpu_layer(self, x, cache, slot, rotation, bias, w: dict) -> torch.Tensor:
+        """``one_token_layer``, compiled where the engine compiles (``compile_decode``), else eagerly. If
+        torch.compile fails here (a broken C++ toolchain), it says so once and decodes eagerly from then on: a
+        failed compile runs nothing, so the layer is simply done again."""
         s = self.shape
-        try:
-            return _one_token_layer_compiled(x, cache, slot, cos, sin, bias, w, s.num_attention_heads,
-                                             s.num_kv_heads, s.norm_eps)  # fmt: skip
-        except (BackendCompilerFailed, InductorError) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            print(f"static engine: compiling the CPU decode step failed, decoding eagerly ({first})", file=sys.stderr)
-            self.compile_decode = False
-            return None
+        args = (x, cache, slot, *rotation, bias, w, s.num_attention_heads, s.num_kv_heads, s.norm_eps)
+        if self.compile_decode:
+            try:
+                return _one_token_layer_compiled(*args)
+            except (BackendCompilerFailed, InductorError) as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+                print(
+                    f"static engine: compiling the CPU decode step failed, decoding eagerly ({first})", file=sys.stderr
+                )
+                self.compile_decode = False
+        return one_token_layer(*args, linear=self._linear, attend=decode_attention.grouped_matmul_attention)
 
     def _sample(self, logits: torch.Tensor, st: dict, mode: tuple) -> None:
         """Next token into st["token"] and its temperature-1 log-prob into st["log_prob"] (graph-safe: no syncs)."""
