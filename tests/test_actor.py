@@ -596,6 +596,90 @@ def test_linear_bias_added_after_megatrons_gemm_keeps_its_outputs_and_gradients(
     torch.testing.assert_close(torch.autograd.grad(frozen, x, g)[0], expected[0])
 
 
+def test_megatron_linears_on_packed_weights_keep_their_products(monkeypatch):
+    """models/packed.py: inside ``packed_weights()`` a bf16 linear on a CPU with bf16 matrix instructions runs on
+    weights packed once for all its calls, with the output and the input, weight and bias gradients of ``F.linear``
+    bit for bit (a frozen weight: no gradient); outside the scope, or with tensor-parallel communication, megatron's
+    own function runs."""
+    import torch.nn.functional as F
+
+    from grpo_core.models import packed
+
+    if not packed.can_pack(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("this CPU has no bf16 matrix instructions")
+    calls, packs = [], []
+    monkeypatch.setattr(packed, "pack", lambda w, rows, pack=packed.pack: packs.append(w.shape) or pack(w, rows))
+
+    def megatron_linear(input, weight, bias, *flags, **kwargs):
+        calls.append(flags)
+        return F.linear(input, weight, bias)
+
+    megatron_linear.warned = False  # megatron's function keeps a flag it reads through the module's name
+    linear = packed._on_packed_weights(megatron_linear)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 3, 64, generator=g).bfloat16().requires_grad_()
+    weight = torch.randn(48, 64, generator=g).bfloat16().requires_grad_()
+    bias = torch.randn(48, generator=g).bfloat16().requires_grad_()
+    grad = torch.randn(7, 3, 48, generator=g).bfloat16()
+    want = F.linear(x, weight, bias)
+    want_grads = torch.autograd.grad(want, (x, weight, bias), grad)
+    with packed.packed_weights():
+        for _ in range(2):  # the second call reuses the packs
+            got = linear(x, weight, bias, False, False, False)
+            assert torch.equal(got, want)
+            for mine, reference in zip(torch.autograd.grad(got, (x, weight, bias), grad), want_grads, strict=True):
+                assert torch.equal(mine, reference)
+        frozen = linear(x, weight.detach(), None, False, False, False)
+        assert torch.equal(
+            torch.autograd.grad(frozen, x, grad)[0], torch.autograd.grad(F.linear(x, weight), x, grad)[0]
+        )
+        assert packs == [(48, 64), (64, 48)] * 2 and not calls  # the detached weight is a tensor of its own
+        linear(x, weight, bias, False, True, False)  # TP: the input gradient is all-reduced
+    linear(x, weight, bias, False, False, False)
+    assert calls == [(False, True, False), (False, False, False)] and linear.warned is False
+
+
+def test_a_bf16_cpu_model_compiles_its_element_wise_chains_and_an_fp32_one_stays_eager(monkeypatch):
+    """``fused.fusion_flags`` on a CPU: megatron's fusion flags and the compiled kernels behind them for a bf16 model
+    where a C++ compiler is found (``fused.compiles`` then holds for bf16 tensors), none for fp32 or without one."""
+    from grpo_core.models import fused, packed
+
+    installed = []
+    for module, name in ((fused, "install_fused_rope"), (fused, "install_swiglu_back"), (fused, "install_bias_add"),
+                         (packed, "install")):  # fmt: skip
+        monkeypatch.setattr(module, name, lambda name=name: installed.append(name))
+    monkeypatch.setattr(fused, "_compile_on_cpu", False)
+    bf16 = torch.zeros(2, dtype=torch.bfloat16)
+    assert fused.fusion_flags({}, torch.float32) == {} and not installed
+    packs = ["install"] * packed.can_pack(torch.device("cpu"), torch.bfloat16)  # where oneDNN has bf16
+    monkeypatch.setattr(fused, "can_compile_on_cpu", lambda: False)
+    assert fused.fusion_flags({}, torch.bfloat16) == {} and installed == packs and not fused.compiles(bf16)
+    monkeypatch.setattr(fused, "can_compile_on_cpu", lambda: True)
+    installed.clear()
+    assert fused.fusion_flags({}, torch.bfloat16) == {"bias_activation_fusion": True, "apply_rope_fusion": True}
+    assert fused.compiles(bf16) and not fused.compiles(bf16.float())
+    assert installed == [*packs, "install_fused_rope", "install_bias_add"]  # megatron's own SwiGLU backward
+
+
+def test_a_bf16_gradient_is_added_to_its_fp32_main_grad_in_one_compiled_pass(monkeypatch):
+    """``fused.accumulate``: main_grad += grad as torch's eager add gives it, compiled where ``fused.compiles`` (a
+    bf16 CPU process with a C++ compiler); elsewhere it leaves the add to megatron (False)."""
+    from grpo_core.models import fused
+
+    g = torch.Generator().manual_seed(0)
+    main = torch.randn(40, 24, generator=g)
+    grad = torch.randn(40, 24, generator=g).bfloat16()
+    want = main + grad
+    monkeypatch.setattr(fused, "_compile_on_cpu", False)
+    assert not fused.accumulate(main, grad) and not torch.equal(main, want)
+    monkeypatch.setattr(fused, "_compile_on_cpu", True)
+    assert not fused.accumulate(main, grad.float())  # fp32 gradients: nothing to fuse
+    if not fused.can_compile_on_cpu():
+        pytest.skip("no C++ compiler for torch.compile")
+    assert fused.accumulate(main, grad) and torch.equal(main, want)
+    assert fused.accumulate(main[:, 0], grad[:, 0]) is False  # a strided view: megatron's add
+
+
 def test_swiglu_backward_is_the_autograd_gradient_of_silu_gate_times_up():
     from grpo_core.models import fused
 

@@ -34,6 +34,7 @@ from grpo_core.models.bridge import (
     transformer_config,
 )
 from grpo_core.models.lora import LoRASettings, adapters_disabled, apply_lora, is_adapter_param
+from grpo_core.models.packed import packed_weights
 from grpo_core.models.shape import ModelShape
 from grpo_core.numerics import NotFinite, finite_each
 from grpo_core.planning.layout import ParallelLayout
@@ -139,6 +140,21 @@ def optimizer_fields(optimizer_offload: bool, overrides: dict | None, cuda: bool
 class DDP(DistributedDataParallel):
     """megatron's DDP, less its gradient reduction when the run is one process: a collective over one rank still
     copies every fp32 gradient (gloo on a CPU: the 538 MB buffer twice, 0.1-0.25 s of the demo's 5 s update)."""
+
+    def _make_backward_post_hook(self, param: torch.nn.Parameter):
+        """megatron's hook, the gradient added to ``main_grad`` first in one compiled pass where that is faster
+        (``fused.accumulate``: bf16 on CPUs) and no bucket's reduction waits on the hook."""
+        hook = super()._make_backward_post_hook(param)
+        if self.ddp_config.overlap_grad_reduce:
+            return hook
+
+        def accumulate_then_hook(*args):
+            grad = param.grad
+            if grad is not None and not param.grad_added_to_main_grad and fused.accumulate(param.main_grad, grad):
+                param.grad = None  # added: megatron's hook has nothing left to add
+            return hook(*args)
+
+        return accumulate_then_hook
 
     def finish_grad_sync(self, force_all_reduce: bool | None = False) -> None:
         if dist.get_world_size() > 1:
@@ -363,15 +379,16 @@ class MegatronActor:
             seq_length, rows = first.packed.length, 1
         else:
             seq_length, rows = self._padded_length(first.rows.input_ids.shape[1]), first.rows.batch_size
-        return get_forward_backward_func()(
-            forward_step_func=step_fn,
-            data_iterator=iterators if len(iterators) > 1 else iterators[0],
-            model=self.model if len(self.model) > 1 else self.model[0],
-            num_microbatches=len(batches),
-            seq_length=seq_length,
-            micro_batch_size=rows,
-            forward_only=forward_only,
-        )
+        with packed_weights():  # bf16 CPUs: each weight packed once for all the micro-batches (models/packed.py)
+            return get_forward_backward_func()(
+                forward_step_func=step_fn,
+                data_iterator=iterators if len(iterators) > 1 else iterators[0],
+                model=self.model if len(self.model) > 1 else self.model[0],
+                num_microbatches=len(batches),
+                seq_length=seq_length,
+                micro_batch_size=rows,
+                forward_only=forward_only,
+            )
 
     # ---- data-parallel plumbing -------------------------------------------------------------------
 

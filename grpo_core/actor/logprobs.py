@@ -194,10 +194,10 @@ several elementwise steps. On 2 EPYC cores, [3,136 x 49,152] forward and backwar
 
 
 def _kernel(f, *args):
-    """``f`` fused (compiled) on GPUs, the token count symbolic and the vocabulary fixed (see ``fused.token_dims``);
-    on a CPU, where compiling would cost more than it saves, eager over ``CPU_ROWS`` rows at a time (each argument
-    is [tokens, ...] or a plain value, and so is the result)."""
-    if args[0].is_cuda:
+    """``f`` fused (compiled) where ``fused.compiles`` says, the token count symbolic and the vocabulary fixed (see
+    ``fused.token_dims``); elsewhere (an fp32 CPU) eager over ``CPU_ROWS`` rows at a time (each argument is
+    [tokens, ...] or a plain value, and so is the result)."""
+    if fused.compiles(args[0]):
         return _compiled[f](*(fused.token_dims(a, 0) if isinstance(a, torch.Tensor) else a for a in args))
     tokens = len(args[0])
     if tokens <= CPU_ROWS:

@@ -22,7 +22,6 @@ graphs stay valid. On a CPU (the demo, tests) the same step runs eagerly, or, wi
 and a C++ compiler for torch.compile, each layer compiled whole (``one_token_layer``).
 """
 
-import shutil
 import sys
 import time
 from collections import Counter
@@ -36,7 +35,8 @@ from torch._dynamo.exc import BackendCompilerFailed
 from torch._inductor.exc import InductorError
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from grpo_core.models.fused import rms_norm, rope
+from grpo_core.models.fused import can_compile_on_cpu, rms_norm, rope
+from grpo_core.models.packed import can_pack, pack, packed_linear
 from grpo_core.models.shape import ModelShape
 from grpo_core.rollout import decode_attention
 from grpo_core.rollout.base import DTYPES, Generation, SamplingSettings, generate_in_chunks
@@ -154,45 +154,9 @@ def mlp_block(x, attended, o, post_norm, gate_up, down, eps: float, linear=F.lin
     return x + linear(F.silu(gate) * up, down)
 
 
-def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether oneDNN can hold this engine's bf16 weights packed (CPUs with bf16 matrix instructions)."""
-    return (
-        device.type == "cpu"
-        and dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
-        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    )
-
-
-def pack(weight: torch.Tensor, rows: int) -> torch.Tensor:
-    """``weight`` [out, in] reordered once into oneDNN's blocked layout for GEMMs of about ``rows`` rows. A plain
-    bf16 ``F.linear`` on a CPU reorders the weight at every call; skipping that makes a quiet 16-row decode step
-    1.12-1.18x faster (more on a loaded machine; bench/cpu_step.py). Same products, bit for bit."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
-
-
-@torch.library.custom_op("grpo::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` over the weight as ``pack`` left it. An operator of its own, so a compiled
-    function can call it (torch.compile cannot trace oneDNN's blocked weights)."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-
-@packed_linear.register_fake
-def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], packed.shape[0]))
-
-
 # On GPUs the element-wise work between the GEMMs is fused (measured at 2,048 rows: ~10 of the decode
 # step's 25.8 ms were element-wise kernels); the same functions run eagerly on CPUs.
 _mlp_block_compiled = torch.compile(mlp_block)  # sizes that change (rows, tokens) turn symbolic after one recompile
-
-
-def can_compile_on_cpu() -> bool:
-    """Whether torch.compile can build CPU kernels here: its C++ compiler is installed."""
-    from torch._inductor import config
-
-    return shutil.which(config.cpp.cxx[-1] or "g++") is not None
 
 
 def attention_inputs(x, w: dict, cos, sin, heads: int, kv_heads: int, eps: float, linear=F.linear):
