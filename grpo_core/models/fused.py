@@ -49,8 +49,9 @@ def can_compile_on_cpu() -> bool:
 def compiles(t: torch.Tensor) -> bool:
     """Whether the element-wise chains over ``t`` run compiled: on GPUs, and on CPUs in bf16 once ``fusion_flags``
     built a bf16 model here with a C++ compiler. On 2 EPYC cores the demo's update (16 rows, ~3,100 tokens) took
-    4.13 s eager and 3.93-3.97 s with its norms, RoPE and SwiGLU compiled, for 6 s of compiling in a process's
-    first update (1.2 s with torch's cache of earlier runs warm)."""
+    3.90-4.10 s compiled, with its weights packed (models/packed.py), against 4.37-4.67 s eager and unpacked
+    (bench/cpu_step.py, five runs); compiling costs a process's first update ~6 s (~1.2 s with torch's cache of
+    earlier runs warm)."""
     return t.is_cuda or (_compile_on_cpu and t.dtype == torch.bfloat16)
 
 
