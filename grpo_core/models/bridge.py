@@ -126,7 +126,7 @@ def transformer_config(
             moe_router_load_balancing_type="none",  # no aux loss: the forward stays exactly HF's
             moe_aux_loss_coeff=0.0,
         )
-    kwargs.update(fusion_flags(overrides, torch_dtype))  # GPU kernels in place of TE/Apex's (models/fused.py)
+    kwargs.update(fusion_flags(overrides, torch_dtype))  # kernels in place of TE/Apex's (models/fused.py)
     known = {f.name for f in dataclasses.fields(TransformerConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:
