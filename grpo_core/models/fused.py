@@ -341,8 +341,7 @@ def causal_attention_by_products(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     causal = torch.full((s, s), float("-inf"), dtype=q.dtype, device=q.device).triu(1).repeat(group, 1)
     scores = torch.baddbmm(causal, grouped, k.reshape(b * kv_heads, s, d).transpose(1, 2), alpha=scale)
     # compiled, one pass each way: the demo's layer forward and backward took 7.4 ms against 13.4 eager
-    softmax = _softmax_in_fp32_compiled if compiles(scores) else _softmax_in_fp32
-    weights = softmax(token_dims(scores, 0, 1, 2))
+    weights = _softmax_in_fp32_compiled(token_dims(scores, 0, 1, 2)) if compiles(scores) else _softmax_in_fp32(scores)
     return (weights @ v.reshape(b * kv_heads, s, d)).view(b, heads, s, d)
 
 

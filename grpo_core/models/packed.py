@@ -17,6 +17,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 _packs: WeakIdKeyDictionary | None = None  # weight -> (packed, packed transpose), inside ``packed_weights()``
 
 
+@functools.cache  # asked at every linear's call inside ``packed_weights()``
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether oneDNN can hold bf16 weights packed here (CPUs with bf16 matrix instructions)."""
     return (
