@@ -41,6 +41,7 @@ demo-learn: demo
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache  # the layers (pyproject.toml, docs/architecture.md)
 
 # The demo's model too: tests/test_pipeline.py runs the demo itself where the CPU has bf16 (its claim, in CI).
 test: lint $(DEMO_MODEL)/model.safetensors

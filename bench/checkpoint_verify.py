@@ -13,7 +13,7 @@ import shutil
 import time
 from pathlib import Path
 
-from grpo_core.trainer import manifest
+from grpo_core.checkpoint import manifest
 
 
 def main() -> None:

@@ -17,7 +17,8 @@ from torch.profiler import ProfilerActivity, profile
 from grpo_core.diagnostics.profile import kernel_kind
 from grpo_core.models.shape import load_model_shape
 from grpo_core.rollout.base import SamplingSettings
-from grpo_core.rollout.static import StaticEngine, _sample_compiled, sample
+from grpo_core.rollout.sampler import sample, sample_compiled
+from grpo_core.rollout.static import StaticEngine
 
 
 def seconds(fn, *args, repeats: int = 1) -> float:
@@ -89,7 +90,7 @@ def main() -> None:
     print("\n| rows | sampler | ms per call |\n| --- | --- | --- |")
     for rows in args.rows:
         logits = torch.randn(rows, shape.vocab_size, device="cuda", dtype=torch.bfloat16)
-        for name, fn in (("eager", sample), ("compiled", _sample_compiled)):
+        for name, fn in (("eager", sample), ("compiled", sample_compiled)):
             seconds(fn, logits, temperature, False, -1, 1.0, repeats=3)  # compile, warm up
             ms = seconds(fn, logits, temperature, False, -1, 1.0, repeats=10) * 1e3
             print(f"| {rows} | {name} | {ms:.2f} |")

@@ -21,10 +21,10 @@ from megatron.core import dist_checkpointing
 from grpo_core.actor.actor import ActorSettings, MegatronActor
 from grpo_core.actor.loss import LossSettings
 from grpo_core.actor.parallel import init_distributed, init_model_parallel
+from grpo_core.checkpoint.stream_save import StreamingSave
 from grpo_core.data.batch import RolloutBatch
 from grpo_core.models.shape import load_model_shape
 from grpo_core.planning.layout import ParallelLayout
-from grpo_core.trainer.stream_save import StreamingSave
 
 
 class PeakRss:

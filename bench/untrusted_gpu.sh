@@ -49,7 +49,7 @@ python3 - "$ckpt" > "$out/items.log" 2>&1 <<'EOF'
 import sys
 from pathlib import Path
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
-from grpo_core.trainer.contents import read_metadata
+from grpo_core.checkpoint.contents import read_metadata
 m = read_metadata(Path(sys.argv[1]))
 items = [k for k, v in m.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)]
 print(f"{len(items)} pickled items: {', '.join(sorted({i.split('/')[0] for i in items}))}")

@@ -3,7 +3,7 @@
 Importing the package makes every ``torch.load`` of the process, and of the processes it starts, weights-only
 with torch's own switch, whatever the caller asked: megatron's loaders and torch's checkpoint planner unpickle
 with ``weights_only=False``, and a checkpoint, however it was made, must not run code here
-(trainer/contents.py checks what one holds before it is loaded).
+(checkpoint/contents.py checks what one holds before it is loaded).
 """
 
 import os

@@ -194,7 +194,7 @@ class Tracebacks:
     """``hides(line)``, line by line through a log (a rank's, or a node's, where torchrun's agent writes between
     the ranks' prefixed lines): the frames of a Python traceback (each process's told apart by its line prefix),
     a thread's "Exception in thread" line, torchrun's log records and its ChildFailedError with the report after
-    it, and faulthandler's dumps of a rank's threads (launch/watchdog.py). The exception line that ends a traceback
+    it, and faulthandler's dumps of a rank's threads (diagnostics/watchdog.py). The exception line that ends a traceback
     is shown: what went wrong, in one line."""
 
     def __init__(self) -> None:

@@ -2,7 +2,6 @@
 
 import hashlib
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -57,8 +56,3 @@ def evaluate_checkpoint(model: str, data_file: str, out_dir: str, settings: dict
     table = [{"measure": k, "value": round(v, 6)} for k, v in {**result.metrics, "tokens_per_s": rate}.items()]
     create_table_artifact(table, key="grpo-evaluation", description=f"GSM8K evaluation of {model} on {data_file}")
     return {**result.metrics, "tokens_per_s": rate}
-
-
-def settings_dict(settings: EvalSettings) -> dict:
-    """EvalSettings as task parameters (JSON-friendly, so they hash and show in the Prefect UI)."""
-    return {**asdict(settings), "k_values": list(settings.k_values)}

@@ -2,12 +2,12 @@
 and not a run that stopped because it was told to (SIGTERM, Ctrl-C, scancel) or ran out of its time: those
 saved their last step, and the same command resumes from it when someone says so."""
 
+from grpo_core.checkpoint.manager import CheckpointError
 from grpo_core.config import ConfigError
 from grpo_core.data.gsm8k import DataError
 from grpo_core.launch import LaunchError
 from grpo_core.models.shape import ModelShapeError
 from grpo_core.rollout.hf import ModelLoadError
-from grpo_core.trainer.checkpoint import CheckpointError
 
 PERMANENT = (ConfigError, DataError, ModelShapeError, ModelLoadError, CheckpointError, ValueError)
 ENDED_ON_PURPOSE = ("stopped", "timeout", "cancelled")  # LaunchError kinds (torchrun launcher, Slurm states)

@@ -1,20 +1,21 @@
 """Train: the real trainer through torchrun (one node or c10d) or Slurm, cached on the pipeline key.
 
 A retry (or a re-run after a crash) resumes from the run's last checkpoint: ``trainer.resume_mode=auto``. A crash
-or a hang (launch/watchdog.py) is retried ``tracking.train_retries`` times, ``tracking.train_retry_delay_s`` apart
+or a hang (diagnostics/watchdog.py) is retried ``tracking.train_retries`` times, ``tracking.train_retry_delay_s`` apart
 (``train_task``); a run stopped on purpose is not (tasks/retry.py).
 """
 
 from prefect import get_run_logger, task
 
+from grpo_core.checkpoint.manager import CheckpointManager, check_same_data
 from grpo_core.config.load import load_config
 from grpo_core.data.prompts import position_data
 from grpo_core.launch import LaunchError, run_training
+from grpo_core.pipeline.inputs import pipeline_key
+from grpo_core.pipeline.summary import training_rows
 from grpo_core.tracking import METRICS_FILE
 from grpo_core.tracking.follow import following, step_line
 from grpo_core.tracking.mlflow_run import RUN_ID_VAR
-from grpo_core.tracking.pipeline_run import pipeline_key, training_rows
-from grpo_core.trainer.checkpoint import CheckpointManager, check_same_data
 from tasks.retry import transient
 
 

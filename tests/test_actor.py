@@ -334,7 +334,7 @@ def test_log_prob_passes_take_rows_or_their_token_budget():
 
 
 def test_optimizer_overrides_come_after_the_offload_shorthand():
-    from grpo_core.actor.actor import optimizer_fields
+    from grpo_core.actor.training import optimizer_fields
 
     whole = {"optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0}
     assert optimizer_fields(True, None, cuda=True) == whole

@@ -16,7 +16,7 @@ import pytest
 import torch
 import xxhash
 
-from grpo_core.trainer.checkpoint import (
+from grpo_core.checkpoint.manager import (
     STATE_FILE,
     CheckpointError,
     CheckpointManager,
@@ -24,7 +24,7 @@ from grpo_core.trainer.checkpoint import (
     read_trainer_state,
     verify_checkpoint,
 )
-from grpo_core.trainer.manifest import file_hash, write_manifest
+from grpo_core.checkpoint.manifest import file_hash, write_manifest
 from tests.dist.launch import torchrun
 from tests.test_actor import tiny_llama  # noqa: F401  (fixture)
 
@@ -454,7 +454,7 @@ def test_torch_s_own_read_of_a_swapped_metadata_runs_nothing(tmp_path):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
-    import grpo_core.trainer.contents  # noqa: F401  (the guard is installed on import)
+    import grpo_core.checkpoint.contents  # noqa: F401  (the guard is installed on import)
 
     dcp.save({"w": torch.ones(3)}, checkpoint_id=tmp_path / "ckpt", no_dist=True)
     assert FileSystemReader(tmp_path / "ckpt").read_metadata().state_dict_metadata["w"].size == torch.Size([3])
@@ -479,7 +479,7 @@ def test_auto_resume_skips_an_unsafe_newest_checkpoint(uninterrupted, tmp_path, 
 
 def test_export_of_another_models_shards_is_one_line_and_exit_2(uninterrupted, tmp_path):
     """The trainer state says one model, the shards hold another (shapes differ): refused by megatron's loader."""
-    from grpo_core.trainer.manifest import write_manifest
+    from grpo_core.checkpoint.manifest import write_manifest
 
     checkpoint = damaged_copy(uninterrupted, tmp_path, "trainer_state.json", lambda p: None, True)
     state = json.loads((checkpoint / "trainer_state.json").read_text())

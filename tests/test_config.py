@@ -129,8 +129,8 @@ def test_shipped_configs_load_and_flatten():
 def test_auto_dtype_is_bf16_where_the_hardware_multiplies_in_it_and_bf16_elsewhere_is_warned_about(
     monkeypatch, bf16_cpu
 ):
-    from grpo_core.config.validate import check_config
-    from grpo_core.planning import hardware
+    from grpo_core.checks.validate import check_config
+    from grpo_core.config import hardware
 
     monkeypatch.setattr(hardware, "cpu_has_bf16_matmul", lambda: bf16_cpu)
     demo = REPO / "configs/demo_cpu.yaml"  # dtype: auto for the actor, the rollout and the evaluation

@@ -117,7 +117,7 @@ def test_a_good_file_passes_the_dry_run(tmp_path, capsys):
 
 def test_the_pipeline_key_follows_the_reward_file(tmp_path):
     """An edited reward file must not reuse the cached training of the old one."""
-    from grpo_core.tracking.pipeline_run import pipeline_key
+    from grpo_core.pipeline.inputs import pipeline_key
 
     path = write(tmp_path, REWARD_FILE)
     cfg = load_config(None, [f"custom_reward_function.path={path}"])

@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from grpo_core.checkpoint.manager import STATE_FILE, CheckpointError, check_same_data
 from grpo_core.data.lineage import dataset_digest
 from grpo_core.data.prompts import Prompt, PromptSampler, row_id, seen_digest
-from grpo_core.trainer.checkpoint import STATE_FILE, CheckpointError, check_same_data
 
 
 def prompts(first: int, count: int) -> list[Prompt]:
@@ -111,7 +111,7 @@ def test_a_data_position_in_another_training_set_is_refused_in_one_line(tmp_path
 
 
 def test_a_scheduled_run_says_which_of_its_inputs_changed():
-    from grpo_core.tracking.pipeline_run import inputs_verdict
+    from grpo_core.pipeline.inputs import inputs_verdict
 
     now = {
         "grpo.inputs.data_digest": "d" * 64,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config.load import load_config, to_yaml
-from grpo_core.tracking.pipeline_run import HEADLINE_METRICS
+from grpo_core.pipeline.summary import HEADLINE_METRICS
 from grpo_core.tracking.registry import RegistryError, fetch_model
 from tests.conftest import REPO
 from tests.support.servers import mlflow_server, prefect_env, prefect_server

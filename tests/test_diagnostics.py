@@ -296,7 +296,7 @@ def test_oom_advice_halves_the_token_budget_a_phase_uses():
 
 
 def test_timed_phase_prints_oom_advice_on_stderr_and_reraises(capsys):
-    from grpo_core.diagnostics import RunDiagnostics
+    from grpo_core.diagnostics.phases import RunDiagnostics
     from grpo_core.trainer.loop import timed
 
     cfg = load_config(None, CURRENT)
@@ -315,7 +315,7 @@ def test_timed_phase_prints_oom_advice_on_stderr_and_reraises(capsys):
 
 
 def test_slow_phases_are_warned_about_once_after_the_first_step(caplog):
-    from grpo_core.diagnostics import RunDiagnostics
+    from grpo_core.diagnostics.phases import RunDiagnostics
 
     diag = RunDiagnostics(load_config(None, CURRENT), tiny_shape(), rank=0)
     diag.sampler.take = lambda: [Sample("gen", [90.0], [1.0]), Sample("update", [30.0], [2.0])]
@@ -409,11 +409,12 @@ def test_missing_packages_are_one_line_each(monkeypatch):
 
 def test_cli_reports_a_missing_package_in_one_line_and_exits_1(monkeypatch, capsys):
     from grpo_core import cli
+    from grpo_core.cli import keys
 
     def needs_vllm(args):
         raise ModuleNotFoundError("No module named 'vllm'", name="vllm")
 
-    monkeypatch.setattr(cli, "cmd_keys", needs_vllm)
+    monkeypatch.setattr(keys, "cmd_keys", needs_vllm)
     monkeypatch.setattr(advice, "installed", lambda module: module != "vllm")
     assert cli.main(["keys"]) == 1
     err = capsys.readouterr().err.strip().splitlines()

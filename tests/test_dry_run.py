@@ -295,7 +295,7 @@ def test_a_process_exits_2_without_a_traceback(tmp_path):
         ["algorithm.group_size=1"],
     ):
         proc = subprocess.run(
-            [sys.executable, "-m", "grpo_core.trainer.main_ppo", *args, "--dry-run"],
+            [sys.executable, "-m", "grpo_core.main_ppo", *args, "--dry-run"],
             capture_output=True,
             text=True,
             cwd=REPO,
@@ -515,8 +515,8 @@ def test_memory_is_checked_against_this_machines_gpu_where_it_is_smaller(monkeyp
     """bench/grpo_step.sh's kept-engine run (configs/smollm2_gsm8k_gpu.yaml: gpu_memory_gib 140) ran out of memory in
     its update on an 80 GB H100, where the planner had estimated 86.9 GiB: the check now uses the card it is on
     (NVML's size, monkeypatched here)."""
+    from grpo_core.checks.validate import check_config
     from grpo_core.config import load_config
-    from grpo_core.config.validate import check_config
     from grpo_core.models.shape import load_model_shape
 
     kept = [
@@ -535,7 +535,7 @@ def test_memory_is_checked_against_this_machines_gpu_where_it_is_smaller(monkeyp
     shape = load_model_shape("Qwen/Qwen2.5-1.5B")
     # none, a larger card, one within 5% (a nominal size stands), an 80 GB H100
     for local, errors, warned in ((None, 0, False), (141.0, 0, False), (136.0, 0, False), (79.6, 1, True)):
-        monkeypatch.setattr("grpo_core.planning.hardware.local_gpu_memory_gib", lambda local=local: local)
+        monkeypatch.setattr("grpo_core.config.hardware.local_gpu_memory_gib", lambda local=local: local)
         report = check_config(cfg, shape)
         memory = [e for e in report.errors if "estimated peak" in e]
         assert len(memory) == errors, report.errors
@@ -555,12 +555,12 @@ def test_fitting_batches_lowers_the_phase_over_the_gpu_and_stops_at_one_sequence
     """Lowering goes to the phase that is over each time (the update first, then the log-prob passes, the
     reference's with them), stops at the largest settings under the planner's 90%, and gives up where one sequence
     per micro-batch is not enough."""
+    from grpo_core.checks.validate import check_config
     from grpo_core.config import load_config
-    from grpo_core.config.validate import check_config
     from grpo_core.models.shape import load_model_shape
     from grpo_core.planning.budget import estimate_memory, fitting_batches
 
-    monkeypatch.setattr("grpo_core.planning.hardware.local_gpu_memory_gib", lambda: None)
+    monkeypatch.setattr("grpo_core.config.hardware.local_gpu_memory_gib", lambda: None)
     shape = load_model_shape("Qwen/Qwen2.5-1.5B")
     budgets = [
         "actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B",

@@ -102,7 +102,7 @@ def test_argv_one_node_runs_the_trainer_module_on_loopback():
         "--nnodes=1", "--node-rank=0", "--rdzv-backend=grpo", "--local-addr=127.0.0.1",
         "--rdzv-endpoint=127.0.0.1:0", "--rdzv-id=grpo", "--rdzv-conf=join_timeout=600",
         "--nproc-per-node=8", "--max-restarts=0",
-        "-m", "grpo_core.trainer.main_ppo", "--config", "configs/grpo_base.yaml", "trainer.total_training_steps=2",
+        "-m", "grpo_core.main_ppo", "--config", "configs/grpo_base.yaml", "trainer.total_training_steps=2",
     ]  # fmt: skip
 
 
@@ -217,7 +217,7 @@ Traceback (most recent call last):
     main()
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-grpo_core.trainer.main_ppo FAILED
+grpo_core.main_ppo FAILED
 ------------------------------------------------------------
 Root Cause (first observed failure):
 [0]:

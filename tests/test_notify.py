@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.tracking.notify import regression, send_notice, target_problems
-from grpo_core.tracking.report import failure_report, flow_run_where, pipeline_report
+from grpo_core.pipeline.notices import regression
+from grpo_core.pipeline.report import failure_report, flow_run_where, pipeline_report
+from grpo_core.tracking.notify import send_notice, target_problems
 from tests.conftest import REPO
 from tests.support.servers import prefect_env, prefect_server
 from tests.support.tiny import TOKENIZER, tiny_model_dir

@@ -3,8 +3,8 @@ update, and no checkpoint is written with weights that are not numbers (NaN/inf 
 
 import pytest
 
+from grpo_core.checkpoint.manager import CheckpointManager
 from grpo_core.numerics import NotFinite, first_non_finite
-from grpo_core.trainer.checkpoint import CheckpointManager
 from tests.support.tiny import tiny_model_dir
 from tests.test_train import base_overrides, capitals, grpo_train  # noqa: F401  (fixture)
 

@@ -169,9 +169,7 @@ def test_pipeline_runs_on_the_ephemeral_api_and_a_rerun_is_served_from_its_resul
             first.stderr
         )
         assert re.search(rf"\nevaluate {name}: 4/4 questions, \d+ tokens in [\d.]+ s \(\d+ tokens/s\)\n", terminal)
-    assert "\nnode 0: starting grpo_core.trainer.main_ppo on 1 rank(s) of this node (command line and output: " in (
-        terminal
-    )
+    assert "\nnode 0: starting grpo_core.main_ppo on 1 rank(s) of this node (command line and output: " in (terminal)
     assert re.search(r"\ncheckpoint: \S+/step_000002 \(\d+\.\d\d GB: extra, hf_model, model\)\n", first.stdout)
     assert "\ndata: 256 train rows, 128 test rows in " in first.stderr
     library_log = (tmp_path / "run" / "launch" / "pipeline.log").read_text()
@@ -254,7 +252,7 @@ def demo_runs_here() -> bool:
     """Whether `make demo` can run as a test: its model is present (`make test` fetches it) and the CPU multiplies
     bf16 natively, the machines its claim (a significant rise within minutes) is measured on. On an AVX2-only CPU
     (float32) it would take ~30 min, and its float32 sampling stream is not the measured one."""
-    from grpo_core.planning.hardware import cpu_has_bf16_matmul
+    from grpo_core.config.hardware import cpu_has_bf16_matmul
 
     return (DEMO_MODEL / "model.safetensors").is_file() and cpu_has_bf16_matmul()
 

@@ -10,7 +10,7 @@ import pytest
 from grpo_core.config.load import load_config
 from grpo_core.evaluation.gsm8k import compare_evaluations, write_eval_set
 from grpo_core.evaluation.stats import paired_uplift
-from grpo_core.tracking.promotion import CHALLENGER, CHAMPION, Promotion, decide, eval_set_tags, judge_note
+from grpo_core.pipeline.promotion import CHALLENGER, CHAMPION, Promotion, decide, eval_set_tags, judge_note
 from tests.conftest import REPO
 from tests.support.servers import mlflow_server
 
@@ -127,9 +127,11 @@ def test_first_run_champion_then_noise_is_challenger_then_a_real_gain_is_promote
     the comparison says so; its evaluation on the old set is never compared with the new one."""
     from mlflow import MlflowClient
 
-    from flows.grpo_pipeline import champion_model
-    from grpo_core.tracking.pipeline_run import markdown_report, open_pipeline_run, promotion_of, record_results
-    from grpo_core.tracking.registry import eval_dir
+    from grpo_core.pipeline.champion import champion_model, promotion_of
+    from grpo_core.pipeline.evaluations import eval_dir
+    from grpo_core.pipeline.record import record_results
+    from grpo_core.pipeline.report import markdown_report
+    from grpo_core.pipeline.run import open_pipeline_run
 
     base_correct = [True] * 4 + [False] * 16
     trained_correct = {

@@ -205,7 +205,7 @@ def test_an_adapter_version_starts_a_lora_run_from_its_base_and_is_evaluated_mer
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from grpo_core.trainer.dry_run import resolve_run
+    from grpo_core.checks.dry_run import resolve_run
 
     uri, root, version = adapter_version
     cache = tmp_path / "cache"

@@ -60,7 +60,7 @@ def test_sampled_log_probs_are_the_actors_and_seeded_runs_repeat(records):
 
 
 def test_the_trainers_generate_gathers_each_replicas_rows_once(records):
-    """loop.generate: every TP rank runs the engine, only TP-rank 0 of each replica contributes rows."""
+    """rollouts.generate: every TP rank runs the engine, only TP-rank 0 of each replica contributes rows."""
     for rank in records:
         assert rank["trainer_greedy"]["response_ids"] == rank["greedy"]["response_ids"]
         assert rank["trainer_greedy"]["group_index"] == rank["greedy"]["group_index"]
@@ -107,7 +107,7 @@ def _check_layout(tp: int, hf, prompts: list[list[int]], hf_dir: Path) -> dict:
     from grpo_core.rewards import build_scorer
     from grpo_core.rollout import SamplingSettings, to_rollout_batch
     from grpo_core.rollout.megatron import MegatronEngine
-    from grpo_core.trainer import loop
+    from grpo_core.trainer.rollouts import generate
     from tests.dist.actor_worker import synthetic_batch
     from tests.dist.sync_worker import push
 
@@ -125,7 +125,7 @@ def _check_layout(tp: int, hf, prompts: list[list[int]], hf_dir: Path) -> dict:
     record: dict = {"greedy": _as_dict(engine.generate(prompts, greedy))}
     cfg = load_config(None, [f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"])
     rows = [Prompt(ids, "synthetic/capitals", "", i) for i, ids in enumerate(prompts)]
-    record["trainer_greedy"] = _as_dict(loop.generate(engine, rows, greedy, hf.tokenizer, cfg, build_scorer(cfg)).gen)
+    record["trainer_greedy"] = _as_dict(generate(engine, rows, greedy, hf.tokenizer, cfg, build_scorer(cfg)).gen)
     gen = engine.generate(prompts, sampled)
     record["sampled"] = gen.response_ids
     record["sampled_repeat_equal"] = engine.generate(prompts, sampled).response_ids == gen.response_ids

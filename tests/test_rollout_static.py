@@ -154,13 +154,13 @@ def test_inverse_cdf_draws_each_token_at_its_probability_and_never_a_masked_or_p
     """300 columns: two full blocks of 128 and a padded one of 44; ten masked. Pearson's chi-square of
     400,000 draws over the 289 free columns stays under 380 (p < 0.001 for 289 degrees of freedom). The GPU's
     ``inverse_cdf`` and the CPU's ``sample_on_cpu`` (at temperature 1)."""
-    from grpo_core.rollout import static
-    from grpo_core.rollout.static import SAMPLE_BLOCK
+    from grpo_core.rollout import sampler
+    from grpo_core.rollout.sampler import SAMPLE_BLOCK
 
     def inverse_cdf(logits):
         if sampler == "inverse_cdf":
-            return static.inverse_cdf(logits)
-        return static.sample_on_cpu(logits, torch.tensor(1.0), False, -1, 1.0)[0]
+            return sampler.inverse_cdf(logits)
+        return sampler.sample_on_cpu(logits, torch.tensor(1.0), False, -1, 1.0)[0]
 
     assert SAMPLE_BLOCK == 128
     torch.manual_seed(0)
@@ -184,7 +184,7 @@ def test_the_cpu_sampler_draws_what_the_gpu_one_does():
     eager here: from the same random numbers the same tokens (a draw lands on another token only where the two
     masses round apart), the same temperature-1 log-probs, at temperature 1 and with temperature, top-k and top-p;
     greedy alike."""
-    from grpo_core.rollout.static import sample, sample_on_cpu
+    from grpo_core.rollout.sampler import sample, sample_on_cpu
 
     g = torch.Generator().manual_seed(0)
     logits = (torch.randn(64, 1000, generator=g) * 3).to(torch.bfloat16)  # a padded last block (1000 = 7 x 128 + 104)

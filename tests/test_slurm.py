@@ -72,7 +72,7 @@ def test_sbatch_script_for_two_gpu_nodes():
     assert (
         "--nnodes=$SLURM_NNODES --rdzv-backend=c10d --rdzv-endpoint=$head_addr:29400 --rdzv-id=$SLURM_JOB_ID "
         "--rdzv-conf=join_timeout=600 --nproc-per-node=8 --max-restarts=0 "
-        "-m grpo_core.trainer.main_ppo --config /runs/7/config.yaml trainer.total_training_steps=10"
+        "-m grpo_core.main_ppo --config /runs/7/config.yaml trainer.total_training_steps=10"
     ) in text
     assert "WARN" not in text and "planted" not in text  # the script is a file in the run directory
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)  # valid shell

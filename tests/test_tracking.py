@@ -242,8 +242,8 @@ def test_metrics_file_holds_this_runs_history(tmp_path, start_step, kept):
 
 def test_training_rows_merge_the_rows_of_a_step(tmp_path):
     """A resumed run validates at its first step, a row beside that step's saved metrics: both survive."""
+    from grpo_core.pipeline.summary import training_rows
     from grpo_core.tracking import METRICS_FILE
-    from grpo_core.tracking.pipeline_run import training_rows
 
     rows = [{"step": 2, "reward/mean": 0.5}, {"step": 2, "val/accuracy": 0.25}, {"step": 1, "reward/mean": 0.1}]
     (tmp_path / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -544,7 +544,7 @@ def test_verl_integrations_in_one_run(tmp_path, capitals, monkeypatch):
     (data.prompt_key), mini-batches reshuffled over two PPO epochs (actor.shuffle). The rewards are the file's, wandb
     holds metrics.jsonl's rows, the saved trainer state carries the overridden config, rollout_is/* is logged."""
     pytest.importorskip("wandb")
-    from grpo_core.trainer.checkpoint import CheckpointManager, read_trainer_state
+    from grpo_core.checkpoint.manager import CheckpointManager, read_trainer_state
     from tests.support.wandb_log import read_run
 
     reward = tmp_path / "reward.py"

@@ -8,8 +8,9 @@ from mlflow import MlflowClient
 
 from grpo_core.config.load import load_config
 from grpo_core.evaluation.gsm8k import EvalResult, summarize, write_results
+from grpo_core.pipeline.record import record_results
+from grpo_core.pipeline.report import markdown_report
 from grpo_core.tracking.mlflow_run import MlflowRun
-from grpo_core.tracking.pipeline_run import markdown_report, record_results
 
 
 def _records(correct: list[bool]) -> list[dict]:

@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.launch import LaunchError
-from grpo_core.launch.torchrun import NodeLogs, run_node
-from grpo_core.launch.watchdog import (
+from grpo_core.diagnostics.watchdog import (
     FIRST_STEP_S,
     FLOOR_S,
     STEP_MULTIPLE,
@@ -28,6 +26,8 @@ from grpo_core.launch.watchdog import (
     ranks,
     read_records,
 )
+from grpo_core.launch import LaunchError
+from grpo_core.launch.torchrun import NodeLogs, run_node
 from grpo_core.quiet import Tracebacks
 from tests.conftest import REPO
 
@@ -111,7 +111,7 @@ def test_the_terminal_gets_no_stack_dump():
 
 SILENT_RANK = """
 import sys, time
-from grpo_core.launch.watchdog import PhaseRecorder, arm_stack_dumps
+from grpo_core.diagnostics.watchdog import PhaseRecorder, arm_stack_dumps
 arm_stack_dumps()
 print("rank started", flush=True)
 if sys.argv[1] == "hang":  # in a phase past its limit
@@ -148,7 +148,7 @@ def test_a_rank_that_makes_no_progress_has_its_stack_dumped_and_is_killed(guard,
 
 
 def test_grpo_train_exits_1_with_the_hang_in_one_line(monkeypatch, capsys):
-    from grpo_core import cli
+    from grpo_core.cli import train
     from grpo_core.config.schema import GRPOConfig
 
     line = "node 0: hang: the gen phase of step 3 did not finish on rank 1 within 20 s (rank 0 finished it); …"
@@ -156,8 +156,8 @@ def test_grpo_train_exits_1_with_the_hang_in_one_line(monkeypatch, capsys):
     def hanging(*args, **kwargs):
         raise LaunchError(line, kind="hang")
 
-    monkeypatch.setattr("grpo_core.launch.run_training", hanging)
-    assert cli._launch(GRPOConfig(), argparse.Namespace(config=None, overrides=[])) == 1
+    monkeypatch.setattr("grpo_core.cli.train.run_training", hanging)
+    assert train._launch(GRPOConfig(), argparse.Namespace(config=None, overrides=[])) == 1
     assert capsys.readouterr().err == f"error: {line}\n"
 
 
@@ -223,7 +223,7 @@ def test_a_rank_blocked_in_a_collective_is_ended_within_the_limit_and_the_retrie
     rank and the checkpoint left (step 2, which verifies), and its retry (tracking.train_retries, no delay here)
     resumes from it: steps 1-3 equal those of an uninterrupted run exactly, and nothing is left running.
     It also carries test_train's resume at TP=2 (a second invocation goes on after the last checkpoint)."""
-    from grpo_core.trainer.checkpoint import verify_checkpoint
+    from grpo_core.checkpoint.manager import verify_checkpoint
     from tests.support.servers import prefect_env
     from tests.support.tiny import TOKENIZER, capitals_data, tiny_model_dir
     from tests.test_launch import marked_pids

@@ -1,7 +1,7 @@
 """The policy on megatron-core: log-probs and the GRPO update, on any TP/PP/DP layout.
 
-One class for both roles: the actor (trainable: DDP, distributed optimizer, lr schedule) and the frozen
-reference (no gradients, no optimizer). Every rank holds the whole rollout batch; each data-parallel
+One class for both roles: the actor (trainable: DDP, distributed optimizer, lr schedule: training.py) and the
+frozen reference (no gradients, no optimizer). Every rank holds the whole rollout batch; each data-parallel
 rank works on its own slice and results are gathered back, so callers never see the layout.
 """
 
@@ -11,16 +11,14 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from grpo_core.actor import offload, optimizer_state
+from grpo_core.actor import offload, optimizer_state, training
 from grpo_core.actor.logprobs import log_probs_and_entropy
-from grpo_core.actor.loss import LossSettings, grpo_loss
+from grpo_core.actor.loss import grpo_loss
 from grpo_core.actor.packing import PackedRows, pack, packed_length, split_by_tokens
 from grpo_core.actor.parallel import device, send
+from grpo_core.actor.settings import ActorSettings
 from grpo_core.algos import agg_denominator
 from grpo_core.data.batch import RolloutBatch
 from grpo_core.models import context_parallel, fused
@@ -33,11 +31,10 @@ from grpo_core.models.bridge import (
     logits_at,
     transformer_config,
 )
-from grpo_core.models.lora import LoRASettings, adapters_disabled, apply_lora, is_adapter_param
+from grpo_core.models.lora import adapters_disabled, apply_lora, is_adapter_param
 from grpo_core.models.packed import packed_weights
 from grpo_core.models.shape import ModelShape
 from grpo_core.numerics import NotFinite, finite_each
-from grpo_core.planning.layout import ParallelLayout
 
 
 def epoch_orders(rows: int, epochs: int, stepped: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -49,123 +46,6 @@ def epoch_orders(rows: int, epochs: int, stepped: int, generator: torch.Generato
         kept = stepped if epoch == 0 else 0
         orders.append(torch.cat([torch.arange(kept), kept + torch.randperm(rows - kept, generator=generator)]))
     return orders
-
-
-@dataclass(frozen=True)
-class ActorSettings:
-    """What the actor needs from the config tree (``actor_rollout_ref.actor`` and its ``megatron``)."""
-
-    layout: ParallelLayout
-    dtype: str = "float32"
-    sequence_parallel: bool = False
-    use_distributed_optimizer: bool = True
-    optimizer_offload: bool = False  # Adam states in host memory, step on the CPU (GPU runs only)
-    optimizer_overrides: dict | None = None  # megatron OptimizerConfig fields (override_optimizer_config)
-    reshardable_checkpoint: bool = True  # the optimizer saved loadable at any TP/PP (see planning/memory.py)
-    recompute: bool = False
-    transformer_overrides: dict | None = None
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    lr_warmup_steps: int = 0
-    lr_decay_style: str = "constant"
-    total_optimizer_steps: int = 1
-    grad_clip: float = 1.0
-    initial_loss_scale: float = 65536.0
-    mini_batch_rows: int = 8  # responses per optimizer step (ppo_mini_batch_size x rollout.n)
-    micro_batch_rows: int = 4  # responses per forward/backward on one GPU
-    micro_batch_tokens: int | None = None  # instead: as many responses as fit this many tokens (dynamic bsz)
-    pack_sequences: bool = False  # a micro-batch's rows without padding, end to end (thd)
-    ppo_epochs: int = 1
-    shuffle_seed: int | None = None  # actor.shuffle: rows reshuffled between mini-batches by this seed (data.seed)
-    loss: LossSettings = LossSettings()
-    lora: LoRASettings = LoRASettings()  # rank > 0: adapters on the frozen base (models/lora.py)
-
-    @classmethod
-    def from_config(cls, cfg, layout: ParallelLayout, total_optimizer_steps: int) -> "ActorSettings":
-        """From the resolved ``GRPOConfig``: verl's keys mapped onto what the actor needs."""
-        actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
-        m, optim = actor.megatron, actor.optim
-        warmup = optim.lr_warmup_steps
-        if warmup < 0:
-            warmup = int(optim.lr_warmup_steps_ratio * total_optimizer_steps)
-        overrides = dict(m.override_transformer_config)
-        recompute = cfg.actor_rollout_ref.model.enable_gradient_checkpointing
-        return cls(
-            layout=layout,
-            dtype=m.dtype,
-            sequence_parallel=m.sequence_parallel,
-            use_distributed_optimizer=m.use_distributed_optimizer,
-            optimizer_offload=m.optimizer_offload,
-            optimizer_overrides=dict(optim.override_optimizer_config),
-            reshardable_checkpoint=m.dist_ckpt_optim_fully_reshardable,
-            recompute=recompute and "recompute_granularity" not in overrides,
-            transformer_overrides=overrides,
-            lr=optim.lr,
-            min_lr=optim.min_lr,
-            weight_decay=optim.weight_decay,
-            adam_beta1=optim.adam_beta1,
-            adam_beta2=optim.adam_beta2,
-            lr_warmup_steps=warmup,
-            lr_decay_style=optim.lr_decay_style,
-            total_optimizer_steps=total_optimizer_steps,
-            grad_clip=actor.grad_clip,
-            initial_loss_scale=optim.initial_loss_scale,
-            mini_batch_rows=actor.ppo_mini_batch_size * n,
-            micro_batch_rows=actor.ppo_micro_batch_size_per_gpu,
-            micro_batch_tokens=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
-            # packed sequences need attention per sequence: not split over context-parallel ranks here
-            pack_sequences=cfg.actor_rollout_ref.model.use_remove_padding and layout.cp == 1,
-            ppo_epochs=actor.ppo_epochs,
-            shuffle_seed=(1 if cfg.data.seed is None else cfg.data.seed) if actor.shuffle else None,
-            loss=LossSettings.from_config(cfg),
-            lora=LoRASettings.from_config(cfg.actor_rollout_ref.model.lora, seed=m.seed),
-        )
-
-
-def optimizer_fields(optimizer_offload: bool, overrides: dict | None, cuda: bool) -> dict:
-    """OptimizerConfig fields on top of the actor's own: ``optimizer_offload`` is shorthand for megatron's
-    whole-step CPU offload, and ``override_optimizer_config`` comes after it (verl's order), so its keys win.
-    Without CUDA the states are in host memory already and megatron's offload path (a GPU/CPU hybrid) cannot
-    run: it stays off."""
-    fields = {"optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0} if optimizer_offload else {}
-    fields.update(overrides or {})
-    if not cuda and fields.get("optimizer_cpu_offload"):
-        fields["optimizer_cpu_offload"] = False
-    return fields
-
-
-class DDP(DistributedDataParallel):
-    """megatron's DDP, less its gradient reduction when the run is one process: a collective over one rank still
-    copies every fp32 gradient (gloo on a CPU: the 538 MB buffer twice, 0.1-0.25 s of the demo's 5 s update)."""
-
-    def _make_backward_post_hook(self, param: torch.nn.Parameter):
-        """megatron's hook, the gradient added to ``main_grad`` first in one compiled pass where that is faster
-        (``fused.accumulate``: bf16 on CPUs) and no bucket's reduction waits on the hook."""
-        hook = super()._make_backward_post_hook(param)
-        if self.ddp_config.overlap_grad_reduce:
-            return hook
-
-        def accumulate_then_hook(*args):
-            grad = param.grad
-            if grad is not None and not param.grad_added_to_main_grad and fused.accumulate(param.main_grad, grad):
-                param.grad = None  # added: megatron's hook has nothing left to add
-            return hook(*args)
-
-        return accumulate_then_hook
-
-    def finish_grad_sync(self, force_all_reduce: bool | None = False) -> None:
-        if dist.get_world_size() > 1:
-            super().finish_grad_sync(force_all_reduce=force_all_reduce)
-
-
-def finalize_presummed_grads(model, num_tokens=None, **kwargs) -> None:
-    """megatron's ``finalize_model_grads`` less its last pass, the division of every fp32 gradient by the
-    summed token count (23 of 640 ms in a 7B fwd+bwd on an H200): each micro-batch's loss is already divided
-    by the whole mini-batch's denominator (``MegatronActor._loss_scale``) before its backward."""
-    finalize_model_grads(model, None, **kwargs)
 
 
 def rows_in_budget(batch_rows: int, width: int, tokens: int) -> int:
@@ -251,51 +131,10 @@ class MegatronActor:
         return [build_model(self.shape, self.config, vp_stage=i, use_te=use_te).to(device()) for i in range(vpp)]
 
     def _wrap_for_training(self) -> None:
-        s = self.s
-        ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True,
-            # with data parallelism, each bucket's reduce-scatter starts as soon as its gradients are ready,
-            # under the rest of the last micro-batch's backward
-            overlap_grad_reduce=s.layout.dp > 1,
-            use_distributed_optimizer=s.use_distributed_optimizer,
-        )
-        self.model = [DDP(config=self.config, ddp_config=ddp_config, module=chunk) for chunk in self.model]
-        base = dict(
-            optimizer="adam",
-            lr=s.lr,
-            min_lr=s.min_lr,
-            weight_decay=s.weight_decay,
-            adam_beta1=s.adam_beta1,
-            adam_beta2=s.adam_beta2,
-            clip_grad=s.grad_clip,
-            bf16=s.dtype == "bfloat16",
-            fp16=s.dtype == "float16",
-            params_dtype=DTYPES[s.dtype],
-            use_distributed_optimizer=s.use_distributed_optimizer,
-            # fp16: start the dynamic loss scale lower than megatron's 2^32 and halve it on every overflow
-            # (hysteresis 1), so a start that is too high costs few skipped updates.
-            initial_loss_scale=s.initial_loss_scale,
-            hysteresis=1,
-        )
-        extra = optimizer_fields(s.optimizer_offload, s.optimizer_overrides, torch.cuda.is_available())
-        opt_config = OptimizerConfig(**{**base, **extra})
-        fused.install_optimizer_kernels()
-        self.optimizer = get_megatron_optimizer(opt_config, self.model)
-        self._fused_adam = not opt_config.optimizer_cpu_offload and fused.use_fused_adam(self.optimizer)
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer,
-            init_lr=0.0 if s.lr_warmup_steps else s.lr,
-            max_lr=s.lr,
-            min_lr=s.min_lr,
-            lr_warmup_steps=s.lr_warmup_steps,
-            lr_decay_steps=max(s.total_optimizer_steps, 1),
-            lr_decay_style=s.lr_decay_style,
-            start_wd=s.weight_decay,
-            end_wd=s.weight_decay,
-            wd_incr_steps=max(s.total_optimizer_steps, 1),
-            wd_incr_style="constant",
-        )
-        self.config.finalize_model_grads_func = finalize_presummed_grads
+        self.model = training.ddp_chunks(self.model, self.config, self.s)
+        self.optimizer, self._fused_adam = training.build_optimizer(self.model, self.s)
+        self.scheduler = training.build_scheduler(self.optimizer, self.s)
+        self.config.finalize_model_grads_func = training.finalize_presummed_grads
         self.config.grad_scale_func = self.optimizer.scale_loss
         self.config.no_sync_func = [chunk.no_sync for chunk in self.model]
         if len(self.model) == 1:

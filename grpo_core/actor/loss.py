@@ -8,74 +8,64 @@ however it is split across micro-batches, DP ranks and PP stages.
 """
 
 import inspect
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import cache
 
 import torch
 
 from grpo_core.algos import agg_denominator, agg_loss, get_policy_loss, kl_penalty, rollout_is_weights
+from grpo_core.algos.settings import SECTIONS, SETTING, schema_defaults
+from grpo_core.config.defaults import section_values
 
 
 @dataclass(frozen=True)
+@schema_defaults
 class LossSettings:
-    clip_ratio: float = 0.2
-    clip_ratio_low: float | None = None
-    clip_ratio_high: float | None = None
-    clip_ratio_c: float = 3.0
-    loss_agg_mode: str = "token-mean"
-    use_kl_loss: bool = True
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    entropy_coeff: float = 0.0
+    """The loss's settings, verl's names; each defaults to the schema's setting of its name, found in the sections
+    the losses take theirs from (algos/settings.py: ``actor``, its ``policy_loss``, ``rollout_correction``)."""
+
+    clip_ratio: float = SETTING
+    clip_ratio_low: float | None = SETTING
+    clip_ratio_high: float | None = SETTING
+    clip_ratio_c: float = SETTING
+    loss_agg_mode: str = SETTING
+    use_kl_loss: bool = SETTING
+    kl_loss_coef: float = SETTING
+    kl_loss_type: str = SETTING
+    entropy_coeff: float = SETTING
     # Dr.GRPO's constant C (seq-mean-token-sum-norm): one number for every micro-batch, so the update does not
     # depend on how the mini-batch is split; None falls back to the loss mask's width (see ``agg_loss``)
-    loss_scale_factor: float | None = None
-    loss_mode: str = "vanilla"  # policy_loss.loss_mode: any name in algos.POLICY_LOSSES
-    # the losses' own settings, verl's names and defaults: SAPO's gates (actor.tau_*), actor.policy_loss.*
-    tau_pos: float = 1.0
-    tau_neg: float = 1.05
-    clip_cov_ratio: float = 0.0002
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 0.0002
-    ppo_kl_coef: float = 0.1
-    dro_beta: float | None = None
-    rollout_is: str | None = None  # algorithm.rollout_correction.rollout_is: token, sequence or None (off)
-    rollout_is_threshold: float | str = 2.0  # a number (truncation) or "lower_upper" (IcePop)
+    loss_scale_factor: float | None = SETTING
+    loss_mode: str = SETTING  # policy_loss.loss_mode: any name in algos.POLICY_LOSSES
+    # the losses' own settings: SAPO's gates (actor.tau_*), actor.policy_loss.*
+    tau_pos: float = SETTING
+    tau_neg: float = SETTING
+    clip_cov_ratio: float = SETTING
+    clip_cov_lb: float = SETTING
+    clip_cov_ub: float = SETTING
+    kl_cov_ratio: float = SETTING
+    ppo_kl_coef: float = SETTING
+    dro_beta: float | None = SETTING
+    rollout_is: str | None = SETTING  # algorithm.rollout_correction.rollout_is: token, sequence or None (off)
+    rollout_is_threshold: float | str = SETTING  # a number (truncation) or "lower_upper" (IcePop)
     # the rest of algorithm.rollout_correction, which bypass_mode's loss reads (decoupled mode: the trainer applies
     # rejection and batch normalisation to the whole batch before the update)
-    rollout_is_batch_normalize: bool = False
-    rollout_rs: str | None = None
-    rollout_rs_threshold: float | str | None = None
-    loss_type: str = "ppo_clip"
+    rollout_is_batch_normalize: bool = SETTING
+    rollout_rs: str | None = SETTING
+    rollout_rs_threshold: float | str | None = SETTING
+    loss_type: str = SETTING
 
     @classmethod
     def from_config(cls, cfg) -> "LossSettings":
-        """From ``actor_rollout_ref.actor``; C is its ``loss_scale_factor``, else ``data.max_response_length``;
-        the policy loss from its ``policy_loss``; rollout importance sampling from ``algorithm.rollout_correction``."""
-        actor, correction = cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction
-        elsewhere = ("loss_scale_factor", "loss_mode", *POLICY_LOSS_KEYS, *ROLLOUT_CORRECTION_KEYS)
-        settings = {name: getattr(actor, name) for name in cls.__dataclass_fields__ if name not in elsewhere}
-        scale = actor.loss_scale_factor
-        return cls(
-            **settings,
-            loss_scale_factor=float(cfg.data.max_response_length if scale is None else scale),
-            loss_mode="bypass_mode" if correction.bypass_mode else actor.policy_loss.loss_mode,
-            **{name: getattr(actor.policy_loss, name) for name in POLICY_LOSS_KEYS},
-            **{name: getattr(correction, name) for name in ROLLOUT_CORRECTION_KEYS},
-        )
-
-
-POLICY_LOSS_KEYS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
-ROLLOUT_CORRECTION_KEYS = (
-    "rollout_is",
-    "rollout_is_threshold",
-    "rollout_is_batch_normalize",
-    "rollout_rs",
-    "rollout_rs_threshold",
-    "loss_type",
-)
-"""LossSettings fields read from actor.policy_loss and from algorithm.rollout_correction (the others: actor)."""
+        """Each setting of the same name in the config's sections; C is ``actor.loss_scale_factor``, else
+        ``data.max_response_length``; the loss is bypass_mode's with ``rollout_correction.bypass_mode``."""
+        by_name = section_values(cfg, [f.name for f in fields(cls)], SECTIONS)
+        scale = by_name["loss_scale_factor"]
+        mapped = {
+            "loss_scale_factor": float(cfg.data.max_response_length if scale is None else scale),
+            "loss_mode": "bypass_mode" if cfg.algorithm.rollout_correction.bypass_mode else by_name["loss_mode"],
+        }
+        return cls(**by_name | mapped)
 
 
 PG_METRICS = ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower")

@@ -18,7 +18,6 @@ from grpo_core.algos.dynamic_sampling import (
 )
 from grpo_core.algos.kl import KL_PENALTY_TYPES, kl_penalty
 from grpo_core.algos.policy_loss import (
-    BYPASS_LOSS_TYPES,
     LOSS_AGG_MODES,
     POLICY_LOSSES,
     agg_denominator,
@@ -28,6 +27,7 @@ from grpo_core.algos.policy_loss import (
     get_policy_loss,
     register_policy_loss,
 )
+from grpo_core.algos.policy_loss_family import BYPASS_LOSS_TYPES  # and registers the rest of verl's losses
 from grpo_core.algos.rollout_correction import (
     ROLLOUT_IS_LEVELS,
     ROLLOUT_RS_OPTIONS,

@@ -4,6 +4,7 @@ Estimators live in a name -> function registry so the trainer config can pick on
 (``algorithm.adv_estimator``) and a validator can list what exists. Every estimator is called the same way,
 ``(token_level_rewards, response_mask, index=..., **options)``, and takes from ``options`` (``gamma``,
 ``norm_adv_by_std_in_grpo``, ...) what it uses, ignoring the rest, so the trainer needs no per-estimator code.
+Those settings default to the schema's (``SETTING``: see algos/settings.py).
 """
 
 from collections.abc import Callable, Sequence
@@ -11,18 +12,21 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from grpo_core.algos.settings import SETTING, schema_defaults
+
 AdvEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 ADV_ESTIMATORS: dict[str, AdvEstimator] = {}
 
 
 def register_adv_estimator(name: str) -> Callable[[AdvEstimator], AdvEstimator]:
-    """Decorator adding an estimator under ``name``; a taken name is an error, not a silent override."""
+    """Decorator adding an estimator under ``name``, its ``SETTING`` keywords given the schema's defaults; a taken
+    name is an error, not a silent override."""
 
     def decorator(fn: AdvEstimator) -> AdvEstimator:
         if name in ADV_ESTIMATORS:
             raise ValueError(f"adv_estimator {name!r} is already registered")
-        ADV_ESTIMATORS[name] = fn
+        ADV_ESTIMATORS[name] = schema_defaults(fn)
         return fn
 
     return decorator
@@ -59,7 +63,7 @@ def compute_grpo_outcome_advantage(
     response_mask: torch.Tensor,
     index: Sequence | np.ndarray | torch.Tensor,
     epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
+    norm_adv_by_std_in_grpo: bool = SETTING,
     **_options,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage: each response's total reward, normalised within its prompt's group.
@@ -113,7 +117,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     index: Sequence | np.ndarray | torch.Tensor | None = None,
-    gamma: float = 1.0,
+    gamma: float = SETTING,
     **_options,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025): per-token discounted returns G_t = r_t + gamma G_{t+1} of the token-level rewards
@@ -150,7 +154,7 @@ def compute_grpo_vectorized_outcome_advantage(
     response_mask: torch.Tensor,
     index: Sequence | np.ndarray | torch.Tensor,
     epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
+    norm_adv_by_std_in_grpo: bool = SETTING,
     **_options,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """verl's name for GRPO computed with group tensors instead of a loop; ``grpo`` here is already vectorised,
@@ -204,7 +208,7 @@ def compute_grpo_passk_outcome_advantage(
     response_mask: torch.Tensor,
     index: Sequence | np.ndarray | torch.Tensor,
     epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
+    norm_adv_by_std_in_grpo: bool = SETTING,
     **_options,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k training (arXiv 2503.19595): only the best response of each group learns, with advantage
@@ -273,7 +277,7 @@ def compute_gdpo_outcome_advantage(
     response_mask: torch.Tensor,
     index: Sequence | np.ndarray | torch.Tensor,
     epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
+    norm_adv_by_std_in_grpo: bool = SETTING,
     reward_components: Sequence[torch.Tensor] | None = None,
     reward_weights: Sequence[float] | None = None,
     **_options,

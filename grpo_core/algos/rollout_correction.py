@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from grpo_core.config.defaults import schema_default
+
 ROLLOUT_IS_LEVELS: tuple[str, ...] = ("token", "sequence")
 
 SAFETY_BOUND = 20.0
@@ -40,7 +42,7 @@ def rollout_is_weights(
     rollout_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
     level: str,
-    threshold: float | str = 2.0,
+    threshold: float | str = schema_default("algorithm.rollout_correction.rollout_is_threshold"),
     batch_normalize: bool = False,
 ) -> torch.Tensor:
     """Detached weights [batch, response_len], zero off the mask. ``token``: each token's own ratio

@@ -2,9 +2,12 @@
 
 import torch
 
+from grpo_core.algos.settings import SETTING, schema_defaults
 
+
+@schema_defaults
 def overlong_penalty(
-    response_lengths: torch.Tensor, max_resp_len: int, buffer_len: int, penalty_factor: float = 1.0
+    response_lengths: torch.Tensor, max_resp_len: int, buffer_len: int, penalty_factor: float = SETTING
 ) -> torch.Tensor:
     """DAPO's soft overlong punishment (Yu et al. 2025): 0 up to ``max_resp_len - buffer_len`` tokens, then
     falling linearly to ``-penalty_factor`` at ``max_resp_len``, so a run learns to stop before truncation

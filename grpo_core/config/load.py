@@ -19,9 +19,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue, OmegaConfBaseException
 
 from grpo_core.config import verl_keys
+from grpo_core.config.hardware import native_dtype
 from grpo_core.config.schema import AUTO_DTYPE, DTYPE_SECTIONS, FREE_FORM_KEYS, GRPOConfig, iter_settings
 from grpo_core.config.secrets import is_secret, masked, masked_word, shown_key
-from grpo_core.planning.hardware import native_dtype
 
 ALIASES = {
     "algorithm.group_size": "actor_rollout_ref.rollout.n",

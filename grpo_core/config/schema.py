@@ -3,7 +3,8 @@
 Key names follow verl's (``data``, ``actor_rollout_ref.{model,actor,ref,rollout}``, ``algorithm``,
 ``trainer``), so command lines from verl's GRPO + Megatron guide work unchanged. Every leaf has a default
 and a one-line help text (``grpo keys`` prints them). YAML files under ``configs/`` only set values;
-a new setting is a field here, a variant is a YAML file. Cross-field rules live in ``validate.py``.
+a new setting is a field here, a variant is a YAML file; its default is written here only (code fed from
+the config takes it through ``defaults.py``). Cross-field rules live in ``grpo_core/checks/``.
 """
 
 from copy import deepcopy

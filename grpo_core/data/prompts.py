@@ -7,6 +7,9 @@ prompts without talking, and a resumed run continues from its data position alon
 A row is known by its ``row_id``: a hash of its chat messages and its ground truth, so the same question is the
 same row wherever it sits in the file. A model's own directory (its Hugging Face export) lists the rows its
 training drew, its start model's included (``rows_seen.json``); a run from it draws the others first.
+
+A keyword that takes a ``data`` setting (``prompt_key``, ``truncation``, ``shuffle``, ``seed``) defaults to the
+schema's (config/defaults.py), as ``filter_overlong`` does to ``data.filter_overlong_prompts``.
 """
 
 import hashlib
@@ -16,10 +19,11 @@ from pathlib import Path
 
 import torch
 
+from grpo_core.config.defaults import SETTING, defaults_from, schema_default
 from grpo_core.data.gsm8k import DataError
 
 
-def check_data_file(path: str | Path, prompt_key: str = "prompt") -> int:
+def check_data_file(path: str | Path, prompt_key: str) -> int:
     """A readable parquet file with the columns training, validation and evaluation read (the chat messages in
     ``prompt_key``, verl's ``data.prompt_key``, and ``reward_model``) and at least one row (read from its footer
     only); its rows."""
@@ -43,7 +47,8 @@ def check_data_file(path: str | Path, prompt_key: str = "prompt") -> int:
     return rows
 
 
-def load_rows(path: str | Path, limit: int | None = None, prompt_key: str = "prompt") -> list[dict]:
+@defaults_from("data")
+def load_rows(path: str | Path, limit: int | None = None, prompt_key: str = SETTING) -> list[dict]:
     """Rows of a verl-schema parquet file (``grpo prepare``'s output); DataError if it is not one. The messages in
     column ``prompt_key`` are each row's ``"prompt"`` from here on."""
     import pyarrow.parquet as pq
@@ -81,7 +86,7 @@ def _shown(value) -> str:
     return f"{type(value).__name__} {repr(value)[:80]}"
 
 
-def read_row(tokenizer, row: dict, where: str, prompt_key: str = "prompt") -> tuple[list[int] | None, str]:
+def read_row(tokenizer, row: dict, where: str, prompt_key: str) -> tuple[list[int] | None, str]:
     """What training takes from a row: its prompt's token ids (None without a ``tokenizer``) and its ground truth.
     A column of the right name holding the wrong type is a DataError naming ``where`` (file and row) and the
     column, not a template error from every rank."""
@@ -106,7 +111,8 @@ def _is_message(message) -> bool:
     return isinstance(message, dict) and isinstance(message.get("role"), str) and message.get("content") is not None
 
 
-def check_prompt_rows(path: str | Path, tokenizer, prompt_key: str = "prompt", rows: int = 8) -> None:
+@defaults_from("data")
+def check_prompt_rows(path: str | Path, tokenizer, prompt_key: str = SETTING, rows: int = 8) -> None:
     """The first ``rows`` rows of a file through ``read_row``, as ``load_prompts`` reads them: before any rank
     starts, cheaply (a few rows, not the file)."""
     for number, row in enumerate(load_rows(path, rows, prompt_key)):
@@ -192,14 +198,15 @@ def _fit(ids: list[int], max_len: int, truncation: str) -> list[int] | None:
     return None
 
 
+@defaults_from("data")
 def load_prompts(
     files: list[str],
     tokenizer,
     max_prompt_length: int,
-    filter_overlong: bool = True,
-    truncation: str = "error",
+    filter_overlong: bool = schema_default("data.filter_overlong_prompts"),
+    truncation: str = SETTING,
     limit: int | None = None,
-    prompt_key: str = "prompt",
+    prompt_key: str = SETTING,
 ) -> tuple[list[Prompt], int]:
     """(prompts, number dropped for length). Overlong prompts are dropped (``filter_overlong``), cut
     (``truncation``), or rejected with a DataError naming the first one."""
@@ -241,7 +248,10 @@ class PromptSampler:
     in every epoch (the dropped tail holds seen rows while there are enough of them). With nothing seen it is the
     seeded permutation itself."""
 
-    def __init__(self, prompts: list[Prompt], batch_size: int, shuffle: bool = True, seed: int = 1, seen=frozenset()):
+    @defaults_from("data")
+    def __init__(
+        self, prompts: list[Prompt], batch_size: int, shuffle: bool = SETTING, seed: int = SETTING, seen=frozenset()
+    ):
         if batch_size > len(prompts):
             raise DataError(f"data.train_batch_size={batch_size} is more than the {len(prompts)} training prompts")
         self.prompts, self.batch_size, self.shuffle, self.seed = prompts, batch_size, shuffle, seed

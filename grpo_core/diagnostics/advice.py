@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import torch
 
 from grpo_core.config import GRPOConfig
-from grpo_core.config.validate import FUSIONS_NEEDING_KERNELS
+from grpo_core.models.fused import FUSIONS_NEEDING_KERNELS
 from grpo_core.planning.batches import batch_setting
 from grpo_core.planning.budget import gpu_memory_gib
 from grpo_core.planning.memory import MemoryEstimate

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import Progress, TextColumn
 
 from grpo_core.atomic import write_text_atomic
+from grpo_core.config.defaults import SETTING, defaults_from
 from grpo_core.data.prompts import chat_prompt_ids, decode_responses, row_id
 from grpo_core.evaluation.stats import wilson_interval
 from grpo_core.rewards.gsm8k import answers_match, extract_solution
@@ -134,16 +135,17 @@ def summarize(records: list[dict], n: int, k_values: tuple[int, ...] = (1,)) -> 
     return metrics
 
 
+@defaults_from("evaluation")
 def evaluate(
     engine: RolloutEngine,
     tokenizer,
     rows: list[dict],
-    n: int = 1,
-    temperature: float = 0.0,
-    max_new_tokens: int = 512,
-    batch_size: int = 32,
+    n: int = SETTING,
+    temperature: float = SETTING,
+    max_new_tokens: int = SETTING,
+    batch_size: int = 32,  # prompts per call: evaluation.batch_size counts sequences (evaluate_model divides by n)
     k_values: tuple[int, ...] = (1,),
-    seed: int = 0,
+    seed: int = 0,  # evaluation's own sampling seed: it has no seed setting (rollout.seed is the training engine's)
     progress: bool = True,
     on_batch: Callable[[EvalProgress], None] | None = None,
 ) -> EvalResult:

@@ -13,27 +13,33 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from grpo_core.checkpoint.manager import HF_EXPORT, STATE_FILE, CheckpointError, verify_checkpoint
+from grpo_core.config.defaults import SETTING, defaults_from
 from grpo_core.data.lineage import dataset_digest
 from grpo_core.evaluation.gsm8k import EvalProgress, EvalResult, evaluate, write_eval_set, write_results
 from grpo_core.models.adapter import ADAPTER_CONFIG
-from grpo_core.trainer.checkpoint import HF_EXPORT, STATE_FILE, CheckpointError, verify_checkpoint
+from grpo_core.rollout import EngineRequest, build_engine
 
 PEFT_EXPORT = "peft"  # a LoRA checkpoint's PEFT adapter directory, beside its merged ``hf``: what the registry versions
 
 
 @dataclass(frozen=True)
+@defaults_from("evaluation", "actor_rollout_ref.model", "data")
 class EvalSettings:
-    n: int = 1
-    temperature: float = 0.0
-    max_new_tokens: int = 512
-    batch_size: int = 32  # sequences per generate call (prompts x n)
-    limit: int | None = None
+    """The ``evaluation.*`` settings and the few others an evaluation reads; each SETTING is the schema's default of
+    its name (``evaluation`` first). The others are evaluation's own: k values, float32, a 1024-token prompt."""
+
+    n: int = SETTING
+    temperature: float = SETTING
+    max_new_tokens: int = SETTING
+    batch_size: int = SETTING  # sequences per generate call (prompts x n)
+    limit: int | None = SETTING
     k_values: tuple[int, ...] = (1,)
-    dtype: str = "float32"
-    trust_remote_code: bool = False
-    engine: str = "hf"  # or "static" (dense Llama/Qwen2/Qwen3)
+    dtype: str = "float32"  # from_config: evaluation.dtype, whose null resolves by device
+    trust_remote_code: bool = SETTING  # actor_rollout_ref.model.trust_remote_code
+    engine: str = SETTING  # "hf" or "static" (dense Llama/Qwen2/Qwen3)
     max_prompt_length: int = 1024  # the static engine's cache holds this + max_new_tokens per sequence
-    prompt_key: str = "prompt"  # the data's column of chat messages (data.prompt_key)
+    prompt_key: str = SETTING  # the data's column of chat messages (data.prompt_key)
 
     @classmethod
     def from_config(cls, cfg) -> "EvalSettings":
@@ -82,26 +88,20 @@ def exported_model(checkpoint: str | Path, peft: bool = False) -> Path:
     return out
 
 
-def build_engine(model: str, tokenizer, settings: EvalSettings, device: str):
-    """``settings.engine``'s engine on the model's weights; ModelLoadError when the static engine cannot run it."""
-    from grpo_core.rollout.hf import HFEngine, ModelLoadError, load_generation_config, stop_ids
-
-    if settings.engine == "hf":
-        return HFEngine(model, tokenizer, settings.dtype, device, settings.batch_size, settings.trust_remote_code)
-    from grpo_core.models.shape import load_model_shape
-    from grpo_core.rollout.static import StaticEngine, unsupported
-
-    shape = load_model_shape(model)
-    if problem := unsupported(shape, key="evaluation.engine", instead="hf"):
-        raise ModelLoadError(problem)
-    return StaticEngine(
-        shape,
-        stop_ids(tokenizer, load_generation_config(model, settings.trust_remote_code)),
+def engine_request(model: str, tokenizer, settings: EvalSettings, device: str) -> EngineRequest:
+    """What ``settings.engine`` is built from (``rollout.build_engine``), its weights loaded from ``model``; the
+    static engine raises ModelLoadError for a model it cannot run."""
+    return EngineRequest(
+        model,
+        tokenizer,
         dtype=settings.dtype,
         device=device,
         max_batch_size=settings.batch_size,
-        max_model_len=settings.max_prompt_length + settings.max_new_tokens,
-    ).load(model)
+        max_model_len=settings.max_prompt_length + settings.max_new_tokens,  # the static engine's cache
+        trust_remote_code=settings.trust_remote_code,
+        setting="evaluation.engine",
+        alternatives="hf",
+    )
 
 
 def evaluate_model(
@@ -142,7 +142,7 @@ def evaluate_model(
     if settings.engine == "static":  # its cache must hold the longest prompt: no question is left out
         longest = max(len(chat_prompt_ids(tokenizer, row["prompt"])) for row in rows)
         settings = replace(settings, max_prompt_length=max(settings.max_prompt_length, longest))
-    engine = build_engine(model, tokenizer, settings, device)
+    engine = build_engine(settings.engine, engine_request(model, tokenizer, settings, device))
     result = evaluate(
         engine,
         tokenizer,

@@ -18,7 +18,7 @@ from typing import Any
 from grpo_core.config.secrets import env_by_reference
 from grpo_core.quiet import Tracebacks, is_marked
 
-TRAINER_MODULE = "grpo_core.trainer.main_ppo"
+TRAINER_MODULE = "grpo_core.main_ppo"
 
 
 class LaunchError(RuntimeError):
@@ -93,7 +93,7 @@ def _get(obj: Any, key: str, default: Any = ...) -> Any:
 def trainer_command(
     config_path: str | Path | None, overrides: Sequence[str] = (), python: str = sys.executable
 ) -> list[str]:
-    """``python -m grpo_core.trainer.main_ppo [--config FILE] key=value ...``: what every rank runs. A
+    """``python -m grpo_core.main_ppo [--config FILE] key=value ...``: what every rank runs. A
     ``trainer.env`` value is not on it (``ps`` shows it to everyone): the rank reads it from the environment that
     ``JobShape.env`` exports (``+trainer.env.NAME=${oc.env:NAME}``, config/secrets.py)."""
     config = ["--config", str(config_path)] if config_path is not None else []

@@ -36,7 +36,7 @@ def run_training(
     echo: bool = False,
     on_status: Callable[[str], None] | None = None,
 ) -> Path:
-    """Run ``python -m grpo_core.trainer.main_ppo [--config F] overrides...`` on every rank of this node (or
+    """Run ``python -m grpo_core.main_ppo [--config F] overrides...`` on every rank of this node (or
     of the Slurm job) with ``trainer.env`` and ``extra_env`` set. Returns the log directory; raises
     ``LaunchError`` when the job fails, is killed, hangs (``launch.stuck_timeout_s``, ``trainer.hang_timeout_s``:
     the error then names the newest checkpoint) or runs past ``launch.timeout_s``. ``on_status``: called with
@@ -100,7 +100,7 @@ def _naming_the_newest_checkpoint(cfg: Any) -> Iterator[None]:
         yield
     except LaunchError as e:
         if e.kind in torchrun.NO_PROGRESS:
-            from grpo_core.trainer.checkpoint import CheckpointManager  # torch: imported only here
+            from grpo_core.checkpoint.manager import CheckpointManager  # torch: imported only here
 
             newest = CheckpointManager.for_run(cfg.trainer).latest()
             e.amended(f"the newest checkpoint is {newest}" if newest else "no checkpoint was saved")

@@ -53,7 +53,7 @@ class Holder:
     @classmethod
     def me(cls, flow_run: str = "") -> "Holder":
         program = os.path.basename(sys.argv[0]) if sys.argv else "python"
-        program = "grpo" if program in ("grpo", "cli.py") else program  # `grpo …` or `python -m grpo_core.cli …`
+        program = "grpo" if program in ("grpo", "__main__.py") else program  # `grpo …` or `python -m grpo_core.cli …`
         command = " ".join([program, *sys.argv[1:2]])
         return cls(socket.gethostname(), os.getpid(), flow_run, command, time.strftime("%Y-%m-%d %H:%M:%S %Z"))
 

@@ -169,12 +169,13 @@ def follow(
     job_id: str,
     log_path: str | Path,
     *,
-    timeout_s: float | None = None,
+    timeout_s: float | None,
     stuck_s: float | None = None,
     poll_s: float = 2.0,
 ) -> SlurmRun:
     """Wait for the job to end. COMPLETED returns; any other end raises ``LaunchError``. ``timeout_s`` (from now,
-    pending time included) and ``stuck_s`` (no growth of the job log while RUNNING) cancel the job and raise."""
+    pending time included; None: no limit) and ``stuck_s`` (no growth of the job log while RUNNING) cancel the job
+    and raise."""
     log_path = Path(log_path)
     start = time.monotonic()
     last_size, last_change = -1, start
@@ -229,19 +230,20 @@ def launch(
     command: Sequence[str],
     *,
     log_dir: str | Path,
+    timeout_s: float | None,
     job_name: str = "grpo",
     time_limit_min: int = 60,
     stop_warning_s: int | None = None,
     port: int = 29500,
     sbatch_options: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
-    timeout_s: float | None = None,
     stuck_s: float | None = None,
     poll_s: float = 2.0,
 ) -> SlurmRun:
     """Write ``log_dir/job.sbatch`` for ``cfg.trainer`` (nnodes, n_gpus_per_node, device, env) and ``command``,
     submit it from ``log_dir`` and follow it; the job log is ``log_dir/slurm-<jobid>.log``, the ranks' own
-    logs go under ``log_dir/ranks/``. Raises ``LaunchError`` unless the job ends COMPLETED."""
+    logs go under ``log_dir/ranks/``. Raises ``LaunchError`` unless the job ends COMPLETED; ``timeout_s``
+    (``launch.timeout_s``; None: no limit) and ``stuck_s`` cancel it as ``follow`` says."""
     log_dir = Path(log_dir).resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
     shape = JobShape.from_config(cfg)

@@ -7,7 +7,7 @@ output) to ``node{R}.log``, and raises ``LaunchError`` naming the first failed r
 
 Never a hang: an overall timeout, a "stuck" guard (no new output in the node log and no touch of the
 heartbeat file for ``stuck_s`` seconds) and the hang watchdog (a phase of a training step that some rank has not
-finished within its limit: launch/watchdog.py, reading the records the ranks write to ``phases/``) stop the job.
+finished within its limit: diagnostics/watchdog.py, reading the records the ranks write to ``phases/``) stop the job.
 The stuck guard and the watchdog first have every rank write its threads' Python stacks to the node log (copied
 to ``node{R}-stacks.log``, which a later launch keeps), then kill the job: ranks that make no progress would not
 act on a stop request. The timeout, and SIGTERM or Ctrl-C to this process, first
@@ -25,6 +25,9 @@ ranks, which save the step in flight and keep the run directory until they end (
 Simplification: the stuck guard watches output, not progress (the watchdog watches the phases of a step); a
 trainer that is silent for longer than ``stuck_s`` (a long checkpoint save, say) should touch
 ``$GRPO_HEARTBEAT_FILE``.
+
+A keyword named like a ``launch`` setting (``node_rank``, ``rdzv_id``, ``stop_grace_s``...; ``nnodes``: the
+trainer's) defaults to the schema's (config/defaults.py), ``stuck_s`` to ``launch.stuck_timeout_s``'s.
 """
 
 import contextlib
@@ -43,7 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_core.config.defaults import SETTING, defaults_from, schema_default
 from grpo_core.config.secrets import masked_command
+from grpo_core.diagnostics.watchdog import DUMP_SIGNAL, PHASE_DIR_VAR, clear_records, find_hang, read_records
 from grpo_core.launch import rendezvous
 from grpo_core.launch.common import (
     JobShape,
@@ -54,7 +59,6 @@ from grpo_core.launch.common import (
     parse_root_causes,
     tail,
 )
-from grpo_core.launch.watchdog import DUMP_SIGNAL, PHASE_DIR_VAR, clear_records, find_hang, read_records
 from grpo_core.quiet import LOG_ONLY
 
 log = logging.getLogger(__name__)
@@ -66,14 +70,15 @@ HEARTBEAT_VAR = "GRPO_HEARTBEAT_FILE"
 NO_PROGRESS = ("stuck", "hang")  # guards that kill at once, after a stack dump: a stop request would go unheard
 
 
+@defaults_from("launch", "trainer")
 def torchrun_argv(
     command: Sequence[str],
     *,
     nproc_per_node: int,
-    nnodes: int | str = 1,
-    node_rank: int | None = 0,
-    rdzv_endpoint: str | None = None,
-    rdzv_id: str = "grpo",
+    nnodes: int | str = SETTING,
+    node_rank: int | None = SETTING,
+    rdzv_endpoint: str | None = SETTING,
+    rdzv_id: str = SETTING,
     rdzv_timeout_s: int = 600,
     log_dir: str | Path | None = None,
     max_restarts: int = 0,
@@ -127,14 +132,15 @@ def _split_python(command: Sequence[str]) -> tuple[str, list[str]]:
 
 
 @dataclass(frozen=True)
+@defaults_from("launch")
 class NodeLogs:
     """Where one node's launch writes: ``node{R}.log`` (agent output with every rank's lines), ``node{R}-ranks/``
     (torchrun's per-rank logs), ``node{R}-error.json`` (torchrun's error file), ``node{R}-heartbeat``,
     ``node{R}-stacks.log`` (the ranks' stacks when the job was killed for making no progress) and ``phases/``
-    (every rank's phase record, shared by the nodes: launch/watchdog.py)."""
+    (every rank's phase record, shared by the nodes: diagnostics/watchdog.py)."""
 
     root: Path
-    node_rank: int = 0
+    node_rank: int = SETTING
 
     @property
     def node_log(self) -> Path:
@@ -170,18 +176,19 @@ class NodeRun:
     seconds: float
 
 
+@defaults_from("launch")
 def launch(
     cfg: Any,
     command: Sequence[str],
     *,
     log_dir: str | Path,
-    node_rank: int = 0,
-    rdzv_endpoint: str | None = None,
-    rdzv_id: str = "grpo",
+    node_rank: int = SETTING,
+    rdzv_endpoint: str | None = SETTING,
+    rdzv_id: str = SETTING,
     extra_env: Mapping[str, str] | None = None,
     timeout_s: float = 7 * 24 * 3600,
-    stuck_s: float | None = 1800,
-    stop_grace_s: float = 300.0,
+    stuck_s: float | None = schema_default("launch.stuck_timeout_s"),
+    stop_grace_s: float = SETTING,
     rdzv_timeout_s: int = 600,
     pass_fds: Sequence[int] = (),
 ) -> NodeRun:
@@ -216,14 +223,15 @@ def short_command(argv: Sequence[str]) -> str:
     return f"{module} on {ranks} rank(s) of this node"
 
 
+@defaults_from("launch")
 def run_node(
     argv: Sequence[str],
     logs: NodeLogs,
     *,
     env: Mapping[str, str] | None = None,
     timeout_s: float = 7 * 24 * 3600,
-    stuck_s: float | None = 1800,
-    stop_grace_s: float = 300.0,
+    stuck_s: float | None = schema_default("launch.stuck_timeout_s"),
+    stop_grace_s: float = SETTING,
     grace_s: float = 10.0,
     poll_s: float = 0.5,
     pass_fds: Sequence[int] = (),
@@ -424,7 +432,7 @@ def _children(pid: int) -> list[int]:
 
 
 def _dump_stacks(proc: subprocess.Popen, logs: NodeLogs, settle_s: float = 1.0, most_s: float = 10.0) -> bool:
-    """Ask each rank for its threads' Python stacks (``DUMP_SIGNAL``, launch/watchdog.py) and wait until the node
+    """Ask each rank for its threads' Python stacks (``DUMP_SIGNAL``, diagnostics/watchdog.py) and wait until the node
     log has had them (it grew, then nothing came for ``settle_s``; at most ``most_s``); copy what came to
     ``logs.stacks``. Whether it holds a stack (a rank that did not arm the dump dies of the signal instead)."""
     offset, ranks = _size(logs.node_log), _children(proc.pid)

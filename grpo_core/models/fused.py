@@ -36,6 +36,10 @@ import torch
 
 from grpo_core.models import packed
 
+FUSIONS_NEEDING_KERNELS = {"bias_dropout_fusion": ("transformer_engine", "apex")}
+"""Kernel-fusion flags that megatron refuses at start-up without one of these packages (RoPE, SwiGLU and
+gradient-accumulation fusion are on by default on GPUs, served by torch: this module)."""
+
 _compile_on_cpu = False  # set by ``fusion_flags`` in a bf16 CPU process (``compiles``)
 
 

@@ -4,22 +4,26 @@ CLI checks a resume point before any rank starts. The adapters themselves are in
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
+from grpo_core.config.defaults import SETTING, defaults_from, schema_default
 from grpo_core.config.schema import LORA_LINEARS as LINEARS  # verl's target names; ``all-linear``: all four
 
 INIT_METHODS = ("xavier", "kaiming", "zero")
+LORA = "actor_rollout_ref.model.lora"
 
 
 @dataclass(frozen=True)
+@defaults_from(LORA)
 class LoRASettings:
-    """``actor_rollout_ref.model.lora``: rank 0 is off."""
+    """``actor_rollout_ref.model.lora``, its defaults the schema's: rank 0 is off. ``seed``: of the adapters' init
+    (``from_config`` gives it megatron's)."""
 
-    rank: int = 0
-    alpha: float = 32.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = LINEARS
-    exclude_modules: tuple[str, ...] = ()
-    a_init: str = "xavier"
-    b_init: str = "zero"
+    rank: int = SETTING
+    alpha: float = SETTING
+    dropout: float = SETTING
+    target_modules: tuple[str, ...] = tuple(schema_default(f"{LORA}.target_modules"))
+    exclude_modules: tuple[str, ...] = tuple(schema_default(f"{LORA}.exclude_modules"))
+    a_init: str = schema_default(f"{LORA}.lora_A_init_method")
+    b_init: str = schema_default(f"{LORA}.lora_B_init_method")
     seed: int = 0
 
     @property

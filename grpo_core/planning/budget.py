@@ -6,9 +6,9 @@ import copy
 import math
 import os
 
+from grpo_core.config import hardware
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.models.shape import ModelShape
-from grpo_core.planning import hardware
 from grpo_core.planning.batches import batch_settings, log_prob_micro_batch, update_micro_batch
 from grpo_core.planning.layout import actor_layout
 from grpo_core.planning.memory import MemoryEstimate, MemoryOptions, estimate_grpo_memory

@@ -23,8 +23,10 @@ materialised. The constants were fitted to measured H200 peaks (see ``tests/test
 """
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from grpo_core.config.defaults import SETTING, defaults_from, schema_default
 from grpo_core.models.shape import ModelShape
 from grpo_core.planning.layout import ParallelLayout, kv_heads_per_rank
 
@@ -36,7 +38,7 @@ GRAD_BYTES = 4  # megatron accumulates and reduces gradients in fp32 ("main_grad
 # (12 B) and the per-bucket shards and gathered pieces on the way. Measured on CPU (megatron-core 0.16.1, 135M
 # and 168M parameters, bf16, bench/save_memory.py): 36.0 B per parameter above the process's resident size,
 # with megatron's writer and with the project's streaming one alike. The "dp_reshardable" form saves the
-# optimizer's own tensors: 0.6-1.9 B, and the streaming writer (trainer/stream_save.py) copies one tensor per
+# optimizer's own tensors: 0.6-1.9 B, and the streaming writer (checkpoint/stream_save.py) copies one tensor per
 # writer thread to the host at a time (STREAM_SAVE_THREADS of the largest, an fp32 embedding shard).
 RESHARDABLE_SAVE_BYTES = 36
 STREAM_SAVE_THREADS = 2
@@ -47,23 +49,32 @@ MASTER_BYTES = 4  # fp32 master weights, when training in 16-bit
 LOGIT_BYTES = 6  # per vocab entry and token: 16-bit logits and, in backward, their gradient twice (actor/logprobs.py)
 PLAIN_CE_LOGIT_BYTES = 10  # a plain cross-entropy's: 16-bit logits, their fp32 copy for the loss, its fp32 gradient
 KV_BYTES = 2
+ADAM_CHECKPOINT_BYTES = 12  # per parameter in a checkpoint: fp32 master copy and both Adam moments, any format
+MEGATRON, ROLLOUT = "actor_rollout_ref.actor.megatron", "actor_rollout_ref.rollout"  # sections of the defaults
 
 
 @dataclass(frozen=True)
+@defaults_from(MEGATRON)
 class MemoryOptions:
-    dtype: str = "bfloat16"
-    use_distributed_optimizer: bool = True
-    param_offload: bool = False
-    grad_offload: bool = False
+    """The memory-relevant settings (``budget.memory_options`` reads them from a config). A field named like a
+    setting of MEGATRON defaults to the schema's, and so does one renamed from a setting; the others are the
+    memory model's own."""
+
+    dtype: str = SETTING
+    use_distributed_optimizer: bool = SETTING
+    param_offload: bool = SETTING
+    grad_offload: bool = SETTING
     optimizer_offload: float = 0.0  # share of the Adam states in host memory (True: all)
     optimizer_stays: bool = False  # the optimizer's GPU side stays there between updates
     pinned_cpu_grads: bool = True  # megatron's pin_cpu_grads: the CPU optimizer's gradients in pinned memory
     precision_aware_optimizer: bool = False  # TE's: with CPU offload, the fp32 masters live on the host too
-    reshardable_checkpoint: bool = True  # checkpoints hold the optimizer state gathered into a TP/PP-free form
-    sequence_parallel: bool = True
-    recompute: bool = False
+    # checkpoints hold the optimizer state gathered into a TP/PP-free form
+    reshardable_checkpoint: bool = schema_default(f"{MEGATRON}.dist_ckpt_optim_fully_reshardable")
+    sequence_parallel: bool = SETTING
+    recompute: bool = schema_default("actor_rollout_ref.model.enable_gradient_checkpointing")
     attention: str = "sdpa"  # "sdpa" (flash/memory-efficient) or "unfused" (materialised scores)
-    lora_rank: int = 0  # > 0: LoRA adapters train, the base is frozen and is also the reference (no ref weights)
+    # > 0: LoRA adapters train, the base is frozen and is also the reference (no ref weights)
+    lora_rank: int = schema_default("actor_rollout_ref.model.lora.rank")
 
 
 @dataclass
@@ -241,6 +252,22 @@ def rollout_gib(
     return weights, budget, budget * GiB / (kv_per_token * seq_len)
 
 
+def host_gib(shape: ModelShape, layout: ParallelLayout, opts: MemoryOptions, offloaded: float) -> tuple[float, float]:
+    """(host memory per GPU, the same while a checkpoint is saved) in GiB: the ``offloaded`` GiB of GPU state that
+    waits on the host between phases, plus the hybrid optimizer's host side (pinned copies rounded up, Adam's
+    moments); a save adds the optimizer state gathered into a reshardable form, or the tensors streamed to the files."""
+    shards = layout.dp if opts.use_distributed_optimizer else 1
+    pinned = CPU_COPY_BYTES * (2 if opts.pinned_cpu_grads else 1)
+    per_param = pinned * pinned_rounding(shape, layout, shards) + 2 * CPU_COPY_BYTES - pinned + ADAM_BYTES
+    trained = trained_params_per_gpu(shape, layout, opts.lora_rank)
+    hybrid = float(opts.optimizer_offload) * per_param * trained / shards / GiB
+    host = offloaded + hybrid
+    gathered = RESHARDABLE_SAVE_BYTES * trained / GiB
+    streamed = STREAM_SAVE_THREADS * 4 * shape.vocab_size * shape.hidden_size / layout.tp / GiB
+    return host, host + (gathered if opts.reshardable_checkpoint else streamed)
+
+
+@defaults_from(ROLLOUT)
 def estimate_grpo_memory(
     shape: ModelShape,
     layout: ParallelLayout,
@@ -249,11 +276,11 @@ def estimate_grpo_memory(
     seq_len: int,
     gpu_gib: float,
     with_reference: bool = True,
-    ref_offload: bool = False,
-    rollout_tp: int = 1,
-    rollout_utilization: float = 0.5,
-    rollout_dtype: str = "bfloat16",
-    free_cache_engine: bool = True,
+    ref_offload: bool = schema_default("actor_rollout_ref.ref.megatron.param_offload"),
+    rollout_tp: int = schema_default(f"{ROLLOUT}.tensor_model_parallel_size"),
+    rollout_utilization: float = schema_default(f"{ROLLOUT}.gpu_memory_utilization"),
+    rollout_dtype: str = schema_default(f"{ROLLOUT}.dtype"),
+    free_cache_engine: bool = SETTING,
     log_prob_micro_batch: int | None = None,
     static_sequences: int | None = None,
 ) -> MemoryEstimate:
@@ -278,21 +305,13 @@ def estimate_grpo_memory(
     between = 0 if moved else optimizer
     resident = (0 if opts.param_offload else weights) + (0 if opts.grad_offload else grads) + between
     ref_resident = 0 if ref_offload else reference
-    shards = layout.dp if opts.use_distributed_optimizer else 1
-    pinned = CPU_COPY_BYTES * (2 if opts.pinned_cpu_grads else 1)
-    per_param = pinned * pinned_rounding(shape, layout, shards) + 2 * CPU_COPY_BYTES - pinned + ADAM_BYTES
-    trained = trained_params_per_gpu(shape, layout, opts.lora_rank)
-    hybrid = float(opts.optimizer_offload) * per_param * trained / shards / GiB
-    ref_host = reference if with_reference and ref_offload else 0
-    gathered = RESHARDABLE_SAVE_BYTES * trained / GiB
-    streamed = STREAM_SAVE_THREADS * 4 * shape.vocab_size * shape.hidden_size / layout.tp / GiB
-    host = (
+    waiting = (  # on the host between phases
         (weights if opts.param_offload else 0)
         + (grads if opts.grad_offload else 0)
         + (optimizer if moved else 0)
-        + ref_host
-        + hybrid
+        + (reference if with_reference and ref_offload else 0)
     )
+    host, host_at_save = host_gib(shape, layout, opts, waiting)
     # asleep, vLLM frees everything; the static engine keeps its weights and frees the cache
     asleep = (r_weights if static_sequences is not None else 0) if free_cache_engine else rollout
     lp_mb = log_prob_micro_batch or micro_batch
@@ -321,7 +340,7 @@ def estimate_grpo_memory(
         phases=phases,
         offloaded=offloaded,
         host=host,
-        host_at_save=host + (gathered if opts.reshardable_checkpoint else streamed),
+        host_at_save=host_at_save,
     )
 
 
@@ -335,3 +354,16 @@ def forward_backward_peak_gib(
     state = (dense + expert) * (2 + 2) / GiB
     plain_ce = logits_gib(shape, layout, batch, seq_len) * PLAIN_CE_LOGIT_BYTES / LOGIT_BYTES
     return state + activation_gib(shape, layout, batch, seq_len, opts) + plain_ce
+
+
+def checkpoint_gb(shape: ModelShape, dtype: str, lora_rank: int, contents: Collection[str]) -> tuple[float, float]:
+    """(one checkpoint, its weights alone) in GB (1e9 bytes, as disks count) for actor.checkpoint.save_contents
+    ``contents``: the trained weights (a LoRA run's adapters; its frozen base stays model.path's), the weights again
+    as Hugging Face files with ``hf_model``, and Adam's state with ``optimizer``."""
+    saved = trained_params_per_gpu(shape, ParallelLayout(world_size=1), lora_rank)
+    one = weights = saved * DTYPE_BYTES[dtype] / 1e9
+    if "hf_model" in contents:
+        one += weights
+    if "optimizer" in contents:
+        one += saved * ADAM_CHECKPOINT_BYTES / 1e9
+    return one, weights

@@ -14,6 +14,7 @@ The rules, in the order they are applied (each is said back to the user with the
 
 from dataclasses import dataclass, field
 
+from grpo_core.config.defaults import SETTING, defaults_from
 from grpo_core.models.shape import ModelShape
 from grpo_core.planning.layout import ParallelLayout, tp_splits_kv_heads
 from grpo_core.planning.memory import MemoryEstimate, MemoryOptions, estimate_grpo_memory, training_state_gib
@@ -81,13 +82,14 @@ def _expert_parallel(shape: ModelShape, gpus: int, pp: int, gpus_per_node: int) 
     return 1
 
 
+@defaults_from("actor_rollout_ref.actor.megatron")
 def plan_layout(
     shape: ModelShape,
     gpus: int,
     gpu_gib: float,
     seq_len: int = 2048,
     gpus_per_node: int = 8,
-    dtype: str = "bfloat16",
+    dtype: str = SETTING,
     lora_rank: int = 0,
 ) -> Plan | None:
     """The first layout the rules above accept, or None when the model does not fit on these GPUs. ``lora_rank``:

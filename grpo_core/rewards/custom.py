@@ -17,6 +17,8 @@ from hashlib import sha1
 from pathlib import Path
 from typing import Any
 
+from grpo_core.config.defaults import SETTING, defaults_from
+
 CALL = "(data_source, solution_str, ground_truth, extra_info=None)"
 """verl's signature, as the error messages quote it."""
 _PROBE = {"data_source": "", "solution_str": "", "ground_truth": "", "extra_info": None}
@@ -26,8 +28,10 @@ class RewardFileError(Exception):
     """The custom reward file or function cannot be used; the message is one line for the user."""
 
 
-def load_custom_reward(path: str, name: str = "compute_score") -> Callable[..., Any]:
-    """Import ``path`` and return its function ``name``, checked to accept verl's keyword arguments."""
+@defaults_from("custom_reward_function")
+def load_custom_reward(path: str, name: str = SETTING) -> Callable[..., Any]:
+    """Import ``path`` and return its function ``name`` (default: the schema's ``custom_reward_function.name``),
+    checked to accept verl's keyword arguments."""
     where = f"custom_reward_function.path={path}"
     file = Path(path).expanduser()
     if not file.is_file():
@@ -71,7 +75,8 @@ def _import_file(file: Path, where: str):
     return module
 
 
-def as_score(value: Any, name: str = "compute_score") -> float:
+@defaults_from("custom_reward_function")
+def as_score(value: Any, name: str = SETTING) -> float:
     """A custom function's return value as the reward: a number, or a dict's ``"score"``."""
     if isinstance(value, dict):
         if "score" not in value:

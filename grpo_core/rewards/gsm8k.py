@@ -8,6 +8,8 @@ searched, ``strict`` wants the ``#### N`` marker the prompt asks for, ``flexible
 import re
 from decimal import Decimal, InvalidOperation
 
+from grpo_core.config.defaults import SETTING, defaults_from
+
 SEARCH_TAIL_CHARS = 300
 """Only the last characters are searched: regexes over long rambling responses are slow, and the
 answer belongs at the end."""
@@ -23,7 +25,7 @@ def _clean(number: str) -> str:
     return number.replace(",", "").replace("$", "").rstrip(".")
 
 
-def extract_solution(text: str, method: str = "strict") -> str | None:
+def extract_solution(text: str, method: str) -> str | None:
     """The final answer in ``text`` as a plain number string, or None when there is none."""
     if method not in METHODS:
         raise ValueError(f"unknown extraction method {method!r}; valid: {list(METHODS)}")
@@ -49,14 +51,16 @@ def answers_match(answer: str, ground_truth: str) -> bool:
     return a is not None and b is not None and a == b
 
 
+@defaults_from("reward_model")
 def compute_score(
     solution_str: str,
     ground_truth: str,
-    method: str = "strict",
-    format_score: float = 0.0,
-    score: float = 1.0,
+    method: str = SETTING,
+    format_score: float = SETTING,
+    score: float = SETTING,
 ) -> float:
-    """``score`` for a right answer, ``format_score`` for a found but wrong one, else 0."""
+    """``score`` for a right answer, ``format_score`` for a found but wrong one, else 0 (verl's signature; the
+    keywords default to the schema's ``reward_model`` settings of their names)."""
     answer = extract_solution(solution_str, method)
     if answer is None:
         return 0.0

@@ -21,6 +21,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class SamplingSettings:
+    """How one ``generate`` call samples. Filled from ``rollout.*``, ``rollout.val_kwargs.*`` or ``evaluation.*``,
+    whose defaults differ (temperature 1 and 0), so its defaults are no setting's: one plain sample, filters off."""
+
     n: int = 1  # samples per prompt (GRPO's group size)
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0  # 1 is off

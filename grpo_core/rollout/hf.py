@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
+from grpo_core.config.defaults import SETTING, defaults_from
 from grpo_core.models.shape import overridden_fields
 from grpo_core.rollout.base import DTYPES, Generation, SamplingSettings, generate_in_chunks
 
@@ -36,7 +37,8 @@ def _check_local(path_or_id: str) -> None:
         raise ModelLoadError(f"model directory {path} {problem}")
 
 
-def load_tokenizer(path_or_id: str, trust_remote_code: bool = False):
+@defaults_from("actor_rollout_ref.model")
+def load_tokenizer(path_or_id: str, trust_remote_code: bool = SETTING):
     """Left padding (so every prompt ends where generation starts); EOS doubles as padding if needed."""
     _check_local(path_or_id)
     try:
@@ -48,8 +50,9 @@ def load_tokenizer(path_or_id: str, trust_remote_code: bool = False):
     return tokenizer
 
 
+@defaults_from("actor_rollout_ref.model")
 def load_model(
-    path_or_id: str, dtype: str = "float32", trust_remote_code: bool = False, config_overrides: dict | None = None
+    path_or_id: str, dtype: str = "float32", trust_remote_code: bool = SETTING, config_overrides: dict | None = None
 ) -> PreTrainedModel:
     """``config_overrides``: Hugging Face config fields set before the model is built
     (``actor_rollout_ref.model.override_config.model_config``)."""
@@ -84,7 +87,7 @@ def stop_ids(tokenizer, generation_config: GenerationConfig) -> list[int]:
     return ids
 
 
-def load_generation_config(path_or_id: str, trust_remote_code: bool = False) -> GenerationConfig:
+def load_generation_config(path_or_id: str, trust_remote_code: bool) -> GenerationConfig:
     """generation_config.json, else what transformers derives from config.json (as a loaded model has)."""
     try:
         return GenerationConfig.from_pretrained(path_or_id)
@@ -100,6 +103,7 @@ class HFEngine:
     a module is used in its own dtype.
     """
 
+    @defaults_from("actor_rollout_ref.model")
     def __init__(
         self,
         model_path_or_module: str | Path | PreTrainedModel,
@@ -107,7 +111,7 @@ class HFEngine:
         dtype: str = "float32",
         device: str = "cpu",
         max_batch_size: int = 32,
-        trust_remote_code: bool = False,
+        trust_remote_code: bool = SETTING,
         config_overrides: dict | None = None,
     ) -> None:
         if isinstance(model_path_or_module, str | Path):

@@ -49,6 +49,7 @@ from pathlib import Path
 
 import torch
 
+from grpo_core.config.defaults import SETTING, defaults_from, schema_default
 from grpo_core.models.shape import overridden_fields
 from grpo_core.rollout.base import Generation, SamplingSettings
 from grpo_core.rollout.hf import DTYPES, ModelLoadError, _check_local, load_tokenizer
@@ -113,22 +114,24 @@ class VLLMEngine:
     processes see (CUDA_VISIBLE_DEVICES for them alone); by default they see what the trainer sees,
     so with an engine per torchrun rank pass each rank its own GPU(s). ``config_overrides``: Hugging Face
     config fields vLLM builds the model with (its ``hf_overrides``). ``start_seconds``: how long
-    the engine took to start. Use an engine from one thread only.
+    the engine took to start. Use an engine from one thread only. A keyword named like a setting of
+    ``actor_rollout_ref.rollout`` (or ``model``) defaults to the schema's, as the trainer passes it.
     """
 
+    @defaults_from("actor_rollout_ref.rollout", "actor_rollout_ref.model")
     def __init__(
         self,
         model_path: str,
         *,
-        dtype: str = "bfloat16",
-        seed: int = 0,
-        tensor_parallel_size: int = 1,
-        gpu_memory_utilization: float = 0.5,
+        dtype: str = SETTING,
+        seed: int = SETTING,
+        tensor_parallel_size: int = schema_default("actor_rollout_ref.rollout.tensor_model_parallel_size"),
+        gpu_memory_utilization: float = SETTING,
         max_model_len: int = 2048,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 8192,
-        enforce_eager: bool = False,
-        trust_remote_code: bool = False,
+        max_num_seqs: int = SETTING,
+        max_num_batched_tokens: int = SETTING,
+        enforce_eager: bool = SETTING,
+        trust_remote_code: bool = SETTING,
         kv_cache_memory_bytes: int | None = None,
         bucket_bytes: int = 256 << 20,
         device_ids: list[int] | None = None,

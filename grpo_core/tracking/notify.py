@@ -1,5 +1,5 @@
-"""The regression notice: one message when a scheduled run's challenger is worse than the champion (p below
-``tracking.champion_alpha``) or a pipeline run fails, so nobody has to read last night's runs to learn it.
+"""The pipeline's notices, sent: one message when a scheduled run's challenger is worse than the champion or a
+pipeline run fails (grpo_core/pipeline/notices.py decides when), so nobody has to read last night's runs to learn it.
 
 Sent through Prefect's notification blocks, never hand-written HTTP: ``tracking.notify_block`` names a saved
 block (``TYPE/NAME``, e.g. ``slack-webhook/ml-alerts``); ``tracking.notify_webhook_url`` is posted to by a
@@ -10,7 +10,6 @@ and a failure to send is one warning without it. A notice that cannot be sent ne
 
 import logging
 import re
-from collections.abc import Mapping
 
 logger = logging.getLogger(__name__)
 BLOCK_NAME = re.compile(r"^[a-z0-9-]+/[A-Za-z0-9_-]+$")  # Prefect's block-type slug / block name
@@ -35,17 +34,6 @@ def target_problems(url: str | None, block: str | None) -> list[str]:
             "(`prefect block ls` lists them)"
         )
     return problems
-
-
-def regression(summary: Mapping, alpha: float) -> str | None:
-    """Why ``summary`` (a pipeline run's, as a dict) is a regression, or None: its model was compared with a
-    champion version and is worse with p below ``alpha``."""
-    against, uplift, p = (summary.get(k) for k in ("compared_with", "compared_uplift", "compared_p_value"))
-    if not against or not against.startswith("champion") or uplift is None or p is None:
-        return None
-    if uplift < 0 and p < alpha:
-        return f"the challenger is worse than {against}: uplift {uplift:+.4f}, p = {p:.3g} < {alpha:g}"
-    return None
 
 
 def send_notice(subject: str, body: str, url: str | None = None, block: str | None = None) -> int:

@@ -7,7 +7,6 @@ and the pipeline's keys (which contain the path) change exactly when the version
 """
 
 import hashlib
-import json
 import logging
 import os
 import re
@@ -225,11 +224,3 @@ def check_provenance(uri: str, version, local: Path) -> None:
             f"({MODEL_DIGEST_TAG} {recorded[:16]}…, these {found[:16]}…): changed in the artifact store or the "
             "cache; refused. Delete the local copy to download it again"
         )
-
-
-def eval_dir(model: RegistryModel, data_digest: str, settings: dict) -> Path:
-    """Where an evaluation of this version on these data (their ``files_digest``) and settings (the limit among
-    them) is kept: beside its local copy (not inside it, whose file listing is the evaluation's cache key), shared
-    by every run that compares with it. Another evaluation set is another directory: evaluated anew, never reused."""
-    key = hashlib.sha256(f"{data_digest}\0{json.dumps(settings, sort_keys=True)}".encode()).hexdigest()[:12]
-    return model.path.parent / "eval" / key

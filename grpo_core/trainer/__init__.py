@@ -1,1 +1,2 @@
-"""The GRPO trainer: entry point (main_ppo) and the pre-flight dry run."""
+"""The GRPO training loop that every rank runs (loop.py): its set-up (setup.py), a step's rollouts and scores
+(rollouts.py) and advantages (advantages.py), its metrics and its stop conditions."""

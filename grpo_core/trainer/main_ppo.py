@@ -1,8 +1,9 @@
-"""``python -m grpo_core.trainer.main_ppo --config FILE [key=value ...] [--dry-run]``: verl's entry point."""
+"""The former path of verl's entry point: ``python -m grpo_core.trainer.main_ppo`` runs ``grpo_core.main_ppo``.
 
+A hand-over of the process, not an import: the entry point checks and launches, which sits above the trainer."""
+
+import os
 import sys
 
-from grpo_core.cli import main
-
 if __name__ == "__main__":
-    sys.exit(main(["train", *sys.argv[1:]]))
+    os.execv(sys.executable, [sys.executable, "-m", "grpo_core.main_ppo", *sys.argv[1:]])

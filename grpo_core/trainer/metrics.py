@@ -5,6 +5,7 @@ import resource
 import torch
 
 from grpo_core.algos import rollout_is_metrics, rollout_is_weights
+from grpo_core.config.defaults import SETTING, defaults_from
 from grpo_core.data.batch import RolloutBatch
 from grpo_core.models.shape import ModelShape
 from grpo_core.rollout.base import Generation
@@ -26,8 +27,9 @@ def groups_with_signal(scores: list[float], group_index: list[int]) -> float:
     return _mean([len(values) > 1 for values in groups.values()])
 
 
+@defaults_from("reward_model")
 def rollout_metrics(
-    gen: Generation, scores: list[float], batch: RolloutBatch, full_score: float, format_score: float = 0.0
+    gen: Generation, scores: list[float], batch: RolloutBatch, full_score: float, format_score: float = SETTING
 ) -> dict[str, float]:
     """``reward/format_rate`` (with a reward for the format alone): the share of answers in the expected format,
     right or wrong, i.e. scored at least ``format_score``."""

@@ -23,8 +23,8 @@ from grpo_core.actor.parallel import init_distributed, init_model_parallel
 from grpo_core.models.lora_settings import LoRASettings
 from grpo_core.models.shape import load_model_shape
 from grpo_core.planning.layout import ParallelLayout
-from grpo_core.trainer import checkpoint
-from grpo_core.trainer.checkpoint import CheckpointManager, CheckpointSaveError
+from grpo_core.checkpoint import manager as checkpoint
+from grpo_core.checkpoint.manager import CheckpointManager, CheckpointSaveError
 from tests.dist.actor_worker import synthetic_batch, with_old_and_ref
 
 

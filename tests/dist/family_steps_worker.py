@@ -22,7 +22,7 @@ from grpo_core.algos import get_adv_estimator
 from grpo_core.config import load_config
 from grpo_core.models.shape import load_model_shape
 from grpo_core.planning.layout import ParallelLayout
-from grpo_core.trainer.loop import advantage_options, rollout_correction
+from grpo_core.trainer.advantages import advantage_options, rollout_correction
 from tests.dist.actor_worker import FAMILY_SCORES, synthetic_batch, with_old_and_ref
 
 LOSS_KEY = "actor_rollout_ref.actor.policy_loss.loss_mode"

@@ -147,7 +147,7 @@ def run(name: str, hf_dir: str, layout_name: str, world: int, out: str) -> dict:
 def checkpoint_round_trip(hf_dir: str, world: int, out: str) -> dict:
     """A LoRA actor at TP2 with sequence parallelism steps once and is saved (adapters and Adam state); an actor at
     TP1 (DP2) loads it: the same log-probs, and the same next update as the TP2 actor's."""
-    from grpo_core.trainer.checkpoint import CheckpointManager
+    from grpo_core.checkpoint.manager import CheckpointManager
 
     shape = load_model_shape(hf_dir)
     batch = synthetic_batch(shape.vocab_size)

@@ -28,10 +28,11 @@ import torch
 import torch.distributed as dist
 
 from grpo_core.atomic import write_text_atomic
+from grpo_core.checkpoint import manifest
+from grpo_core.checkpoint.contents import check_contents
+from grpo_core.checkpoint.manifest import DamagedFile, Verified
+from grpo_core.config.defaults import SETTING, defaults_from, schema_default
 from grpo_core.numerics import NotFinite
-from grpo_core.trainer import manifest
-from grpo_core.trainer.contents import check_contents
-from grpo_core.trainer.manifest import DamagedFile, Verified
 
 logger = logging.getLogger(__name__)
 
@@ -211,9 +212,16 @@ def load_actor_state(path: Path, actor, optimizer: bool = True) -> None:
 
 
 class CheckpointManager:
-    """Decides when to save, keeps the newest ``keep`` checkpoints, and finds the one to resume from."""
+    """Decides when to save, keeps the newest ``keep`` checkpoints, and finds the one to resume from. ``save_freq``
+    and ``keep`` default to the schema's ``trainer.save_freq`` and ``trainer.max_actor_ckpt_to_keep``."""
 
-    def __init__(self, root: str | Path, save_freq: int = -1, keep: int | None = 2):
+    @defaults_from("trainer")
+    def __init__(
+        self,
+        root: str | Path,
+        save_freq: int = SETTING,
+        keep: int | None = schema_default("trainer.max_actor_ckpt_to_keep"),
+    ):
         self.root = Path(root)
         self.save_freq = save_freq
         self.keep = keep
@@ -304,7 +312,7 @@ class CheckpointManager:
     def _write(self, partial: Path, final: Path, step: int, actor, trainer_state: dict, contents: frozenset) -> None:
         from megatron.core import dist_checkpointing
 
-        from grpo_core.trainer.stream_save import StreamingSave
+        from grpo_core.checkpoint.stream_save import StreamingSave
 
         if _rank() == 0:
             self.root.mkdir(parents=True, exist_ok=True)

@@ -7,9 +7,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from grpo_core.checks.report import Report
+from grpo_core.checks.validate import check_config
 from grpo_core.config import GRPOConfig, to_yaml
 from grpo_core.config.load import load_config_with_notes
-from grpo_core.config.validate import Report, check_config
 from grpo_core.models.shape import (
     ModelShape,
     ModelShapeError,

@@ -12,11 +12,11 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, peft: bool = 
     from grpo_core import actor  # noqa: F401  (CPU compatibility before megatron)
     from grpo_core.actor.actor import ActorSettings, MegatronActor
     from grpo_core.actor.parallel import init_model_parallel
+    from grpo_core.checkpoint.manager import CheckpointError, load_actor_state, read_trainer_state, verify_checkpoint
     from grpo_core.models.bridge import write_hf_model, write_peft_adapter, write_rows_seen
     from grpo_core.models.lora_settings import LoRASettings
     from grpo_core.models.shape import ModelShape, model_weights_dir
     from grpo_core.planning.layout import ParallelLayout
-    from grpo_core.trainer.checkpoint import CheckpointError, load_actor_state, read_trainer_state, verify_checkpoint
 
     checkpoint, out_dir = Path(checkpoint), Path(out_dir)
     verify_checkpoint(checkpoint)  # a damaged file is named here, not by a traceback from torch's reader

@@ -1,13 +1,20 @@
 """The pipeline's report as text: one pure function from results to markdown, so the Prefect artifact, the MLflow
-run's description (``mlflow.note.content``) and the regression notice say the same thing in the same words.
+run's description (``mlflow.note.content``) and the regression notice say the same thing in the same words; and a
+failed flow run's report, from how far it got (``Where``).
 
 Nothing here talks to a server: callers pass what they know (the summary as a dict, links already made).
 """
 
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
+from grpo_core.config.schema import GRPOConfig
 from grpo_core.config.secrets import hide_url_passwords
 from grpo_core.evaluation.stats import format_uplift
+
+if TYPE_CHECKING:
+    from grpo_core.pipeline.summary import PipelineSummary
 
 REPORT_KEY = "grpo-pipeline-report"  # the Prefect artifact's key: every flow run's report is a version of it
 
@@ -17,6 +24,11 @@ def uplift_text(s: Mapping) -> str:
     low, high = s["uplift_ci95"]
     result = {"uplift": s["accuracy_uplift"], "ci_low": low, "ci_high": high, "p_value": s["uplift_p_value"]}
     return format_uplift({**result, "n": s["questions"]})
+
+
+def uplift_line(summary: "PipelineSummary | dict") -> str:
+    """The summary's uplift as ``format_uplift`` writes it (the summary, or the flow's dict of it)."""
+    return uplift_text(summary if isinstance(summary, dict) else asdict(summary))
 
 
 def _link(text: str, url: str) -> str:
@@ -68,6 +80,17 @@ def pipeline_report(s: Mapping, title: str, metric: str = "accuracy_strict") -> 
     return "\n".join(lines) + "\n"
 
 
+def markdown_report(summary: "PipelineSummary", cfg: GRPOConfig) -> str:
+    """The report a person reads first (the Prefect artifact, the MLflow run's description): ``pipeline_report``."""
+    title = f"{cfg.trainer.project_name} / {cfg.trainer.experiment_name}"
+    return pipeline_report(asdict(summary), title, cfg.evaluation.metric)
+
+
+def skipped_report(title: str, reason: str) -> str:
+    """The report of a scheduled run that trained nothing: ``reason`` says which inputs are the last run's."""
+    return f"# GRPO pipeline: {title}: skipped\n\n{reason}\n"
+
+
 def failure_report(title: str, phase: str, reason: str, mlflow_url: str = "") -> str:
     """The report of a flow run that failed: where (the phase, i.e. the task) and the one-line reason."""
     lines = [f"# GRPO pipeline: {title}: failed", "", f"**Failed in:** {phase}", "", f"**Reason:** {reason}"]
@@ -80,6 +103,25 @@ def one_line(error: BaseException, limit: int = 300) -> str:
     """An exception as the one line a person reads: its message's first line, or its type when it has none."""
     text = str(error).strip().splitlines()
     return hide_url_passwords(text[0] if text else type(error).__name__)[:limit]
+
+
+@dataclass
+class Where:
+    """How far a flow run got: the phase it is in (the task running, or the step between tasks), and what a
+    failure report names."""
+
+    phase: str = "loading the config"
+    title: str = ""
+    mlflow_url: str = ""
+    notify: tuple[str | None, str | None] | None = None  # (webhook URL, block name) once the config is read
+
+    def shown_title(self, flow_run_name: str) -> str:
+        """The run's project and experiment, or the flow run's name before the config is read."""
+        return self.title or f"flow run {flow_run_name}"
+
+    def failure_report(self, flow_run_name: str, error: BaseException) -> str:
+        """``failure_report`` of a flow run that stopped here with ``error``."""
+        return failure_report(self.shown_title(flow_run_name), self.phase, one_line(error), self.mlflow_url)
 
 
 def flow_run_where(flow_run_id: str, ui_url: str | None, database: str | None) -> str:

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
+from grpo_core.checkpoint.manifest import DamagedFile, first_line
 from grpo_core.numerics import finite_each
-from grpo_core.trainer.manifest import DamagedFile, first_line
 
 DIST_METADATA = ".metadata"  # torch.distributed.checkpoint's index of every item's bytes
 COMMON_FILE = "common.pt"  # megatron's non-tensor state (megatron 0.16; 0.19 keeps it as a byte item)
