@@ -9,9 +9,10 @@ import os
 from pathlib import Path
 
 from grpo_core.checks.launch import MISSING_DATA
-from grpo_core.cli.common import EXIT_FAILURE, config_arguments, console, err_console
+from grpo_core.cli import exit_status
+from grpo_core.cli.common import EXIT_FAILURE, EXIT_INVALID, UserError, config_arguments, console, err_console
 from grpo_core.config import ConfigError
-from grpo_core.config.secrets import into_environment
+from grpo_core.config.secrets import hide_url_passwords, into_environment
 from grpo_core.launch import run_lock
 from grpo_core.quiet import attach_log, quiet_mlflow
 
@@ -83,7 +84,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     )
     print_notes_and_warnings(run.report, err_console)
     quiet_mlflow()  # its database set-up lines go to the log
-    from flows.grpo_pipeline import grpo_pipeline  # lazy: prefect, imported once MLflow's set-up lines are quiet
+    from flows.grpo_pipeline import FAILED_IN, grpo_pipeline  # lazy: prefect, once MLflow's set-up lines are quiet
 
     state = grpo_pipeline(
         config=args.config,
@@ -93,12 +94,39 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         skip_unchanged=args.skip_unchanged,
         return_state=True,
     )
-    if not state.is_completed():
+    if not state.is_completed():  # Prefect's tracebacks went to the log (quiet.py's ENGINE_LOGGERS)
         error = state.result(raise_on_failure=False)
-        err_console.print(f"error: pipeline {state.name.lower()}: {error}", markup=False, soft_wrap=True)
-        return 1
+        line = failure_line(state.name.lower(), error, FAILED_IN, log)
+        err_console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
+        return failure_status(error)
     print_summary(state.result())
     return 0
+
+
+def failure_status(error: object) -> int:
+    """The exit status of a flow run that failed with ``error``: 2 when the input was bad, as ``grpo train``'s."""
+    if isinstance(error, ConfigError | UserError):
+        return EXIT_INVALID
+    return (exit_status(error) if isinstance(error, BaseException) else None) or EXIT_FAILURE
+
+
+OUR_PACKAGES = ("grpo_core", "tasks", "flows")  # their exceptions' messages are written for the user
+MAX_REASON = 1000
+
+
+def failure_line(state: str, error: object, failed_in: str, log: Path) -> str:
+    """A flow run that did not complete, in one line: the phase it failed in (its exception's note starting with
+    ``failed_in``), why (one of our exceptions says it; another is named by its type too), where the log is. A URL's
+    password is not shown."""
+    notes = getattr(error, "__notes__", None) or []
+    phase = next((f" in {note[len(failed_in) :]}" for note in notes if note.startswith(failed_in)), "")
+    reason = "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    if isinstance(error, BaseException) and type(error).__module__.split(".")[0] not in OUR_PACKAGES:
+        reason = f"{type(error).__name__}: {reason}" if reason else type(error).__name__
+    reason = hide_url_passwords(reason)
+    if len(reason) > MAX_REASON:
+        reason = reason[: MAX_REASON - 1] + "…"
+    return f"pipeline {state}{phase}: {reason} (details in {log})"
 
 
 def print_summary(summary: dict) -> None:

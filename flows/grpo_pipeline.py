@@ -34,6 +34,9 @@ from grpo_core.quiet import LOG_ONLY
 from tasks import evaluate_checkpoint, prepare_gsm8k, train_task, unless_missing
 
 _held: dict[str, Path] = {}  # flow run id -> the run directory it holds
+FAILED_IN = "the pipeline failed in: "
+"""The note (``add_note``) on the exception a flow run fails with, naming its phase: `grpo pipeline`'s one line says
+it (flows/command.py), and the traceback in the log ends with it."""
 
 
 def hold_run_dir(run_dir: Path) -> None:
@@ -79,6 +82,7 @@ def grpo_pipeline(
         report = where.failure_report(flow_run.name, e)
         create_markdown_artifact(report, key=REPORT_KEY, description=f"failed in {where.phase}")
         failure_notice(where, flow_run.name, report)
+        e.add_note(f"{FAILED_IN}{where.phase}")
         raise
 
 

@@ -78,6 +78,12 @@ def check_training_inputs(cfg, vocab_size: int) -> None:
     if Path(tokenizer_path).expanduser().is_dir():
         tokenizer = load_tokenizer(str(tokenizer_path), model.trust_remote_code)
         check_tokenizer_fits(tokenizer, vocab_size, str(tokenizer_path), str(model.path))
-    for path in [*cfg.data.train_files, *cfg.data.val_files]:
-        check_data_file(path, cfg.data.prompt_key)
-        check_prompt_rows(path, tokenizer, cfg.data.prompt_key)
+    d = cfg.data
+    for path in [*d.train_files, *d.val_files]:
+        check_data_file(path, d.prompt_key)
+    for path in d.train_files:  # as the ranks read them (trainer/setup.py): validation prompts over length are dropped
+        check_prompt_rows(
+            path, tokenizer, d.prompt_key, 8, d.max_prompt_length, d.filter_overlong_prompts, d.truncation
+        )
+    for path in d.val_files:
+        check_prompt_rows(path, tokenizer, d.prompt_key, max_prompt_length=d.max_prompt_length)

@@ -11,6 +11,9 @@ CLI, so before megatron is imported, in the launcher and in every rank) routes w
 - in the CLI process it is kept in memory until ``attach_log`` names the run's log file (``grpo train`` and
   ``grpo pipeline`` do), where it is written; a command without a run directory drops it.
 
+Prefect's engine reports a failed task or flow run with its traceback (``ENGINE_LOGGERS``): that too goes to the log,
+and to Prefect's own logs, while ``grpo pipeline`` says the failure in one line naming the log (flows/command.py).
+
 Any other warning is shown as Python shows it. ``Tracebacks`` picks out the other lines a rank's log keeps from the
 terminal: the frames of tracebacks and torchrun's own report of a failure, which the launcher says in one line.
 """
@@ -58,6 +61,13 @@ NOISE = (
     Noise(Warning, "/sqlalchemy/", r"(?i)deprecat", "MLflow's SQL store"),
 )
 QUIET_LOGGERS = ("megatron",)  # their INFO (set-up, buckets) is for megatron developers; WARNING and up is shown
+ENGINE_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+"""Where Prefect's engine reports a flow or task run; its ERROR records ("Task run failed with exception", "Finished in
+state Failed", each failure with its traceback) go to the log: the command says the failure once, in one line. Prefect's
+API handler on these loggers still gets every record (the flow run's logs in Prefect)."""
+SAID_AGAIN = (("datasets.", "Failed to read schema from "),)
+"""(logger, start of the message) of a library's error records that our own error line says again (the file, why):
+the log keeps them."""
 LOG_ONLY = "grpo_log_only"
 """A record with this attribute set (``extra={LOG_ONLY: True}``) goes to the log, not the terminal: a line the
 terminal shows in another form (the closing summary, the short launch line), kept whole in the log and in
@@ -77,12 +87,16 @@ def is_noise(category: type[Warning], filename: str, message: str) -> bool:
 
 def is_quiet_record(record: logging.LogRecord) -> bool:
     """Chatter: megatron's INFO, any library's INFO (Prefect's "Finished in state Completed()", its hooks, its
-    temporary server; MLflow's database set-up), and records marked ``LOG_ONLY``. Our own INFO is shown."""
-    if getattr(record, LOG_ONLY, False):
+    temporary server; MLflow's database set-up), Prefect's engine's reports of a failure (``ENGINE_LOGGERS``) and
+    records marked ``LOG_ONLY``. Our own INFO is shown, and every other warning and error."""
+    ours = record.pathname.startswith(OWN_PACKAGES)
+    engine_failure = record.name.startswith(ENGINE_LOGGERS) and record.levelno >= logging.ERROR and not ours
+    said_again = any(record.name.startswith(n) and str(record.msg).startswith(m) for n, m in SAID_AGAIN)
+    if getattr(record, LOG_ONLY, False) or engine_failure or said_again:
         return True
     if record.levelno >= logging.WARNING:
         return False
-    return record.name.startswith(QUIET_LOGGERS) or not record.pathname.startswith(OWN_PACKAGES)
+    return record.name.startswith(QUIET_LOGGERS) or not ours
 
 
 def cached_line(record: logging.LogRecord) -> str | None:
@@ -125,11 +139,17 @@ class _QuietFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not is_quiet_record(record):
             return True
-        _sink.write(f"{record.levelname} {record.name}: {record.getMessage()}")
+        _sink.write(f"{record.levelname} {record.name}: {record.getMessage()}{_traceback_of(record)}")
         if self.handler is not None and (line := cached_line(record)) is not None:
             shown = logging.makeLogRecord({**record.__dict__, "msg": line, "args": None})
             self.handler.emit(shown)
         return False
+
+
+def _traceback_of(record: logging.LogRecord) -> str:
+    """The traceback a record carries (``exc_info``), on the lines after its message; '' when none."""
+    shown = record.exc_info and record.exc_info[0] is not None  # (exc_info=True outside an except: nothing)
+    return "\n" + logging.Formatter().formatException(record.exc_info) if shown else ""
 
 
 def quiet_terminal(marked: bool) -> None:
@@ -160,8 +180,22 @@ def quiet_mlflow() -> None:
     import mlflow  # noqa: F401
 
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # its run links: our closing lines say it
+    _filter_handlers_of("mlflow")
 
-    for handler in logging.getLogger("mlflow").handlers:
+
+def quiet_datasets() -> None:
+    """Hugging Face datasets' loggers have a handler of their own, and propagate: each record was written twice, the
+    chatter too. Once now, through its handler, which routes the chatter (and ``SAID_AGAIN``) to the log. Imports
+    datasets; call it before datasets is used."""
+    import datasets.utils.logging
+
+    _filter_handlers_of("datasets")
+    datasets.utils.logging.disable_propagation()
+
+
+def _filter_handlers_of(name: str) -> None:
+    """The routing on the handlers of a library's own logger (one that does not go through the root logger's)."""
+    for handler in logging.getLogger(name).handlers:
         if not any(isinstance(f, _QuietFilter) for f in handler.filters):
             handler.addFilter(_QuietFilter())
 
@@ -195,10 +229,11 @@ class Tracebacks:
     the ranks' prefixed lines): the frames of a Python traceback (each process's told apart by its line prefix),
     a thread's "Exception in thread" line, torchrun's log records and its ChildFailedError with the report after
     it, and faulthandler's dumps of a rank's threads (diagnostics/watchdog.py). The exception line that ends a traceback
-    is shown: what went wrong, in one line."""
+    is shown: what went wrong, in one line; ``raised`` is the last one seen (without its line prefix)."""
 
     def __init__(self) -> None:
         self._state: dict[str, str] = {}  # line prefix -> "frames", "after" (the exception line), "report", "rule"
+        self.raised = ""
 
     def hides(self, line: str) -> bool:
         prefix = _PREFIX.match(line).group(0)
@@ -213,8 +248,11 @@ class Tracebacks:
             self._state[prefix] = "frames"
             return True
         if state == "frames":  # the exception line; torchrun's ChildFailedError is followed by its report
-            self._state[prefix] = "report" if "ChildFailedError" in text else "after"
-            return self._state[prefix] == "report"
+            if "ChildFailedError" in text:
+                self._state[prefix] = "report"
+                return True
+            self._state[prefix], self.raised = "after", text
+            return False
         if state == "report":  # up to the report's opening rule of "="
             self._state[prefix] = "rule" if text.startswith(_RULE) else "report"
             return True

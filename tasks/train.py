@@ -13,6 +13,7 @@ from grpo_core.data.prompts import position_data
 from grpo_core.launch import LaunchError, run_training
 from grpo_core.pipeline.inputs import pipeline_key
 from grpo_core.pipeline.summary import training_rows
+from grpo_core.quiet import LOG_ONLY
 from grpo_core.tracking import METRICS_FILE
 from grpo_core.tracking.follow import following, step_line
 from grpo_core.tracking.mlflow_run import RUN_ID_VAR
@@ -40,7 +41,9 @@ def train_grpo(config_path: str | None, overrides: list[str], mlflow_run_id: str
             env = {RUN_ID_VAR: mlflow_run_id}
             log_dir = run_training(cfg, config_path, overrides, extra_env=env, on_status=log.info)
     except LaunchError as e:
-        log.error(e.report())  # the failed rank's own log tail, in the task's log
+        # the failed rank's own log tail, in the task's log (Prefect's, the run's): `grpo pipeline`'s terminal gets
+        # the error's one line, which names the rank's log
+        log.error(e.report(), extra={LOG_ONLY: True})
         raise
     latest = CheckpointManager.for_run(cfg.trainer).latest()
     if latest is None:

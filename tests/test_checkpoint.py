@@ -477,6 +477,153 @@ def test_auto_resume_skips_an_unsafe_newest_checkpoint(uninterrupted, tmp_path, 
     assert not (root / "step_000004" / "PWNED").exists()
 
 
+def test_latest_names_a_checkpoint_of_this_run_only(uninterrupted, tmp_path, caplog):
+    """`checkpoints/latest` is a name in this run's directory, never a path: one that leads to another run's
+    checkpoint (an absolute path, `..`, a symbolic link) is ignored, and a stale one loses to the newest intact
+    checkpoint, each with one warning. Auto-resume takes this run's newest intact checkpoint (it took the other
+    run's, whose resume then overwrote this run's newer steps)."""
+    src, _ = uninterrupted
+    root, other = tmp_path / "run" / "checkpoints", tmp_path / "other" / "checkpoints"
+    for step in ("step_000002", "step_000003"):
+        shutil.copytree(src / step, root / step)
+    shutil.copytree(src / "step_000004", other / "step_000004")
+    (other / "latest").write_text("step_000004")
+    manager, newest, pointer = CheckpointManager(root), root / "step_000003", root / "latest"
+    ignored = f"; ignored: resuming from {newest}, this run's newest intact checkpoint"
+    cases = [
+        (str(other / "step_000004"), f"names '{other / 'step_000004'}', an absolute path{ignored}"),
+        (
+            "../../other/checkpoints/step_000004",
+            f"names '../../other/checkpoints/step_000004', a path out of this directory (..){ignored}",
+        ),
+        ("step_000004", f"names step_000004, a symbolic link (to {other / 'step_000004'}){ignored}"),
+        (other / "latest", f"is a symbolic link (to {other / 'latest'}), not a checkpoint's name{ignored}"),
+        ("step_000002", f"names step_000002, but {newest} is this run's newest intact checkpoint; resuming from it"),
+        ("step_000003", None),
+    ]
+    (root / "step_000004").symlink_to(other / "step_000004")
+    for name, says in cases:
+        pointer.unlink(missing_ok=True)
+        if isinstance(name, Path):
+            pointer.symlink_to(name)
+        else:
+            pointer.write_text(name)
+        caplog.clear()
+        assert manager.resolve_resume("auto") == newest and manager.latest() == newest, name
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert warnings == ([f"warning: {pointer} {says}"] if says else []), name
+
+
+def tamper(checkpoint: Path, name: str, change) -> None:
+    """``change`` (record -> record, or None: it changes the file itself) applied to the JSON record ``name`` of
+    ``checkpoint``; a changed trainer state gets a manifest rebuilt over it, as whoever changed it could rebuild one:
+    the content itself must be refused."""
+    path = checkpoint / name
+    if (changed := change(json.loads(path.read_text()))) is not None:
+        path.write_text(changed if isinstance(changed, str) else json.dumps(changed))
+        if name == STATE_FILE:
+            write_manifest(checkpoint)
+
+
+def too_large(path: Path):
+    """A change that makes the file 300 MB (sparse): refused before a byte of it is parsed."""
+    return lambda record: os.truncate(path, 300 << 20)
+
+
+ROWS_SEEN_AS_A_STRING = (
+    lambda s: {**s, "rows_seen": "0123456789abcdef"},
+    "field 'rows_seen': expected a list, got a string",
+)
+RECORD_CASES = {  # name: (file, its change, what the error says after "FILE: ")
+    "trainer state: a count as a string": (
+        STATE_FILE,
+        lambda s: {**s, "data_position": "4"},
+        "field 'data_position': expected an integer, got a string",
+    ),
+    "trainer state: rows_seen as a string (read as its characters before)": (STATE_FILE, *ROWS_SEEN_AS_A_STRING),
+    "trainer state: an absurd model size (an export allocated it)": (
+        STATE_FILE,
+        lambda s: {**s, "hf_config": {**s["hf_config"], "vocab_size": 25 * 10**9}},
+        "field 'hf_config.vocab_size': expected at most 4194304, got 25000000000",
+    ),
+    "trainer state: not a JSON object": (
+        STATE_FILE,
+        lambda s: "[4]",
+        "unreadable trainer state: expected an object, got a list",
+    ),
+    "trainer state: 300 MB": (
+        STATE_FILE,
+        None,
+        "314572800 bytes, more than a trainer state can be (268.435 MB at most)",
+    ),
+    "manifest: sizes as strings": (
+        "manifest.json",
+        lambda m: {**m, "files": {k: {**v, "size": str(v["size"])} for k, v in m["files"].items()}},
+        "field 'files[.metadata].size': expected an integer, got a string",
+    ),
+    "manifest: a file outside the checkpoint": (
+        "manifest.json",
+        lambda m: {**m, "files": {"../../elsewhere": {"size": 1, "hash": "0" * 32}}},
+        "field 'files[../../elsewhere]': expected a path inside its directory (relative, no '..'), got "
+        "'../../elsewhere'",
+    ),
+}
+
+
+def test_records_of_a_checkpoint_that_do_not_validate_are_one_line_and_exit_2(uninterrupted, tmp_path, capsys):
+    """Issue 53: the trainer state and the manifest are typed and bounded (grpo_core/records): a field of the wrong
+    type, an absurd size, rows_seen as a string, a file too large to be one, a manifest naming a file outside the
+    checkpoint are each one line naming the file and the field, exit 2, from `grpo verify` and `grpo export` (which
+    allocated the model the state said, or read a string as its characters, before), and `grpo train` refuses to
+    resume from it before any rank starts."""
+    from grpo_core.cli import main
+    from tests.support.tiny import capitals_data, tiny_model_dir
+    from tests.test_train import base_overrides
+
+    root, _ = uninterrupted
+    checkpoint, out = tmp_path / "copy", tmp_path / "out"
+    shutil.copytree(root / "step_000004", checkpoint)
+    written = {name: (checkpoint / name).read_bytes() for name in (STATE_FILE, "manifest.json")}
+    for case, (name, change, says) in RECORD_CASES.items():
+        for original, data in written.items():
+            (checkpoint / original).write_bytes(data)
+        tamper(checkpoint, name, change or too_large(checkpoint / name))
+        for command in (["verify", str(checkpoint)], ["export", str(checkpoint), str(out)]):
+            assert main(command) == 2, (case, command)
+            err = capsys.readouterr().err
+            assert [line for line in err.splitlines() if line.startswith("error:")] == [
+                f"error: damaged checkpoint: {checkpoint / name}: {says}"
+            ], (case, command, err)
+            assert "Traceback" not in err and not out.exists()
+    for original, data in written.items():
+        (checkpoint / original).write_bytes(data)
+    tamper(checkpoint, STATE_FILE, ROWS_SEEN_AS_A_STRING[0])
+    run = tmp_path / "run"
+    overrides = base_overrides(tiny_model_dir(tmp_path / "model"), capitals_data(tmp_path / "data"), 1)
+    overrides += [f"trainer.default_local_dir={run}", f"trainer.resume_mode={checkpoint}"]
+    assert main(["train", "--dry-run", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        f"error: trainer.resume_mode: damaged checkpoint: {checkpoint / STATE_FILE}: {ROWS_SEEN_AS_A_STRING[1]}"
+    ], err
+    assert not run.exists()
+
+
+def test_auto_resume_skips_a_newest_checkpoint_whose_trainer_state_does_not_validate(uninterrupted, tmp_path, caplog):
+    """A trainer state that does not validate marks its checkpoint damaged: auto-resume falls back to the newest
+    sound one, saying so in one warning (it resumed with rows_seen read as the characters of a string)."""
+    src, _ = uninterrupted
+    root = tmp_path / "ckpt"
+    for step in ("step_000003", "step_000004"):
+        shutil.copytree(src / step, root / step)
+    tamper(root / "step_000004", STATE_FILE, ROWS_SEEN_AS_A_STRING[0])
+    assert CheckpointManager(root).resolve_resume("auto") == root / "step_000003"
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"warning: damaged checkpoint: {root / 'step_000004' / STATE_FILE}: {ROWS_SEEN_AS_A_STRING[1]}; skipped, "
+        "resuming from an older checkpoint if one is intact"
+    ]
+
+
 def test_export_of_another_models_shards_is_one_line_and_exit_2(uninterrupted, tmp_path):
     """The trainer state says one model, the shards hold another (shapes differ): refused by megatron's loader."""
     from grpo_core.checkpoint.manifest import write_manifest

@@ -3,6 +3,7 @@
 127.0.0.1), including a failing rank, a killed rank and a hanging rank; then ``run_training`` with the real
 trainer (a tiny model, 2 steps) on two simulated nodes, completing and with one node's rank killed."""
 
+import contextlib
 import io
 import json
 import os
@@ -295,6 +296,43 @@ def test_ranks_that_ignore_the_stop_request_are_killed_after_the_grace(tmp_path)
     assert info.value.exit_code is None and time.monotonic() - start < 30
 
 
+def signal_the_agent_once_its_rank_runs(signum: int, pid_dir: Path, sent: list[float]) -> threading.Thread:
+    """A thread that sends ``signum`` to a stand-in agent once it has written ``agent.pid`` and ``rank.pid``."""
+
+    def send() -> None:
+        deadline = time.monotonic() + 30
+        while not (pid_dir / "rank.pid").is_file() or not (pid_dir / "rank.pid").read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(int((pid_dir / "agent.pid").read_text()), signum)
+        sent.append(time.monotonic())
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("signum", [signal.SIGSTOP, signal.SIGKILL], ids=["stopped", "killed"])
+def test_a_stopped_or_dead_agent_ends_the_job_within_the_hang_limit(signum, tmp_path):
+    """Issue 53: a stand-in agent (bash) whose "rank" (a sleep) keeps running: stopped, it is noticed after a third
+    of ``hang_s``; killed, at once. One line either way, and the rank is killed."""
+    agent = f"echo $$ > {tmp_path}/agent.pid; sleep 600 & echo $! > {tmp_path}/rank.pid; wait"
+    sent: list[float] = []
+    sender = signal_the_agent_once_its_rank_runs(signum, tmp_path, sent)
+    with pytest.raises(LaunchError) as caught:
+        run_node(["bash", "-c", agent], NodeLogs(tmp_path / "logs"), hang_s=3, stuck_s=60, poll_s=0.1)
+    took = time.monotonic() - sent[0]
+    sender.join()
+    error, agent_pid = str(caught.value), int((tmp_path / "agent.pid").read_text())
+    said = {
+        signal.SIGSTOP: f"node 0: agent: torchrun's agent (pid {agent_pid}) has been stopped (SIGSTOP) for ",
+        signal.SIGKILL: "node 0: agent: torchrun's agent was killed by SIGKILL; killed its ranks (log: ",
+    }
+    assert caught.value.kind == "agent" and error.startswith(said[signum]) and "\n" not in error, error
+    assert took < 3, took  # within hang_s
+    assert not alive(int((tmp_path / "rank.pid").read_text()))
+
+
 # --- real runs ------------------------------------------------------------------------------------------
 
 
@@ -307,6 +345,33 @@ def test_one_node_two_ranks_complete_with_the_config_env_and_no_leftovers(tmp_pa
     assert "rank 1/2 step 0" in run.log_path.read_text()  # the node log has every rank's output
     # each rank left a `sleep 600` in a session of its own behind; the launcher killed it
     assert not any(alive(int((out / f"orphan-rank{r}").read_text())) for r in (0, 1))
+
+
+RAISES = (
+    "try:\n    {}['shape']\nexcept KeyError as e:\n    raise RuntimeError('adapter shape (4, 8), base (8, 4)') from e\n"
+)
+"""A rank that dies of an exception it does not catch, chained to another, and prints no ``error:`` line."""
+
+
+def test_a_rank_that_raises_is_one_line_with_its_exception_and_the_echo_shows_no_traceback(tmp_path):
+    """Issue 53, real torchrun: the error names the rank, the exception that ended it and its log (the pipeline,
+    which has no echo, says why in one line too); the echo (what `grpo train` shows) keeps each exception's own line
+    and none of the tracebacks, the rank's or torchrun's, which stay in the logs."""
+    from grpo_core.launch.run import LogEcho
+
+    logs, rank = NodeLogs(tmp_path / "logs", 0), tmp_path / "rank.py"
+    rank.write_text(RAISES)
+    with pytest.raises(LaunchError) as caught:
+        launch(cfg(nproc=1), [PY, str(rank)], log_dir=logs.root, stuck_s=60)
+    error = str(caught.value)
+    said = "rank 0 (local rank 0) exited with code 1: RuntimeError: adapter shape (4, 8), base (8, 4) (log: "
+    assert error.startswith(f"node 0: {said}") and "\n" not in error, error
+    echoed = io.StringIO()
+    LogEcho(lambda: logs.node_log, echoed).copy(last=True)
+    shown = echoed.getvalue()
+    assert "[default0]:RuntimeError: adapter shape (4, 8), base (8, 4)" in shown, shown
+    assert "Traceback" not in shown + caught.value.report() and "ChildFailedError" not in shown, shown
+    assert logs.node_log.read_text().count("Traceback (most recent call last)") >= 3  # 2 of the rank's, torchrun's
 
 
 def test_two_nodes_complete(tmp_path):
@@ -513,3 +578,70 @@ def test_two_node_training_with_a_killed_rank_fails_within_the_bound(tmp_path, t
     assert str(errors[0]).startswith("node 0: ")
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) < 20  # it did stop mid-run
     assert not marked_pids(marker)
+
+
+# --- issue 53: `grpo train` with a secret-looking override, its agent stopped mid-run ------------------------
+
+WEBHOOK = "https://bot:plantedpw@hooks.example/services/plantedtoken"  # a password and a token in its path
+WEBHOOK_PARTS = ("plantedpw", "plantedtoken")
+AGENT_HANG_S = 12  # trainer.hang_timeout_s: a healthy phase of the tiny run takes a second or two
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_grpo_train_keeps_a_secret_off_every_command_line_and_ends_a_stopped_agent_within_the_hang_limit(
+    tmp_path, tiny_inputs
+):
+    """The real trainer under real torchrun. `grpo train` is given a webhook URL with a password and a token in its
+    path; once the rank has trained a step (so its config, the URL read back from its environment, resolved), no
+    command line of the processes it started holds either part: the rank's names the variable, its environment
+    holds the value. Then the agent is stopped (SIGSTOP): the launcher ends the run within
+    ``trainer.hang_timeout_s`` in one line, exit 1, nothing left running, and the secret is in no file of the run."""
+    run_dir, marker = tmp_path / "run", f"{tmp_path.name}-secret"
+    overrides = [
+        *small_steps(tiny_inputs, 50),
+        f"trainer.default_local_dir={run_dir}",
+        f"trainer.hang_timeout_s={AGENT_HANG_S}",
+        f"tracking.notify_webhook_url={WEBHOOK}",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "GRPO_TEST_NODE": marker}
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        cmd = [PY, "-m", "grpo_core.cli", "train", *overrides]
+        launcher = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=env, cwd=REPO)
+    try:
+        metrics_file, deadline = run_dir / "metrics.jsonl", time.monotonic() + 240
+        while not (metrics_file.is_file() and metrics_file.read_text().strip()):
+            assert launcher.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+            time.sleep(0.2)
+        rank, started = rank_pid(marker), [pid for pid in marked_pids(marker) if pid != launcher.pid]
+        agent = next(pid for pid in started if "grpo_core.launch.agent" in cmdline(pid))
+        assert rank in started and not [pid for pid in started if any(p in cmdline(pid) for p in WEBHOOK_PARTS)]
+        assert "tracking.notify_webhook_url=${oc.env:GRPO_TRACKING_NOTIFY_WEBHOOK_URL}" in cmdline(rank)
+        environ = Path(f"/proc/{rank}/environ").read_bytes().split(b"\0")
+        assert f"GRPO_TRACKING_NOTIFY_WEBHOOK_URL={WEBHOOK}".encode() in environ
+        os.kill(agent, signal.SIGSTOP)
+        stopped = time.monotonic()
+        code = launcher.wait(timeout=AGENT_HANG_S + 60)
+        took = time.monotonic() - stopped
+    finally:
+        launcher.kill()
+        for pid in marked_pids(marker):  # only when something above failed
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    said = err.read_text()
+    errors = [line for line in said.splitlines() if line.startswith("error: ")]
+    print(f"the stopped agent ended the run {took:.1f} s after SIGSTOP (trainer.hang_timeout_s={AGENT_HANG_S})")
+    print(errors[0] if errors else said[-3000:])
+    assert code == 1 and len(errors) == 1 and "Traceback" not in said, said[-3000:]
+    line = f"error: node 0: agent: torchrun's agent (pid {agent}) has been stopped (SIGSTOP) for "
+    assert errors[0].startswith(line) and "; killed the job after " in errors[0], errors[0]
+    assert took < AGENT_HANG_S
+    assert not marked_pids(marker)
+    files = [path for path in [*run_dir.rglob("*"), out, err] if path.is_file()]
+    assert not [path for path in files if any(part.encode() in path.read_bytes() for part in WEBHOOK_PARTS)]

@@ -5,6 +5,7 @@ import contextlib
 import http.server
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from tests.support.tiny import TOKENIZER, tiny_model_dir
 from tests.test_pipeline import grpo
 
 TOKEN = "T0ken-in-the-path-9f8e7d"  # a webhook URL's path is often its secret
+TRACEBACK = "Traceback (most recent call last)"
 
 
 @contextlib.contextmanager
@@ -124,6 +126,31 @@ def test_bad_targets_are_config_errors_that_never_show_the_url():
     assert "write a Prefect block as TYPE/NAME" in block_problem
 
 
+UNPARSABLE = ("http://[hooks.example/{}", "https://hooks.example:99999/{}", "https://h:port/{}", "http://\u2100.io/{}")
+"""Webhook URLs Python's URL parser refuses (an unclosed IPv6 bracket, a port out of range or not a number, a host
+that NFKC normalization changes): each raised ValueError in the dry run."""
+
+
+def test_an_unparsable_webhook_url_is_one_line_at_the_dry_run_and_a_warning_at_send_time(capsys, caplog):
+    """Issue 53: exit 2 and one line naming the setting, never the URL (its path is the token), at `--dry-run`;
+    sent anyway (a deployment's run is not dry-run first), it is a warning, never a traceback."""
+    from grpo_core.cli import main
+
+    base = str(REPO / "configs" / "grpo_base.yaml")
+    for url in (u.format(TOKEN) for u in UNPARSABLE):
+        assert main(["train", "--config", base, f"tracking.notify_webhook_url={url}", "--dry-run"]) == 2, url
+        out, err = capsys.readouterr()
+        assert [line for line in err.splitlines() if line.startswith("error:")] == [
+            "error: tracking.notify_webhook_url: not a URL: its host or port cannot be parsed (the value is not "
+            "shown: a webhook URL may hold a token)"
+        ], err
+        assert "Traceback" not in out + err and TOKEN not in out + err and "hooks.example" not in out + err
+        caplog.clear()
+        assert send_notice("s", "b", url=url) == 0
+        assert "the pipeline's notice was not sent to tracking.notify_webhook_url (" in caplog.text, url
+        assert TOKEN not in caplog.text and "Traceback" not in caplog.text
+
+
 def test_where_a_flow_run_is_kept():
     assert flow_run_where("f1", "http://127.0.0.1:4200/runs/flow-run/f1", None) == (
         "http://127.0.0.1:4200/runs/flow-run/f1"
@@ -151,10 +178,13 @@ def flow_run_artifacts(api: str, flow_run_id: str | None = None) -> tuple[str, l
         return flow_run_id, found
 
 
-def test_a_failed_run_sends_one_notice_and_its_report_says_where_it_failed(tmp_path):
+def test_a_failed_run_is_one_line_sends_one_notice_and_its_report_says_where_it_failed(tmp_path):
     """A pipeline run whose data cannot be read fails in `prepare`: its markdown artifact (read with Prefect's
     client) says where and why, one notice goes to the configured webhook, and the URL's token is in neither the
-    terminal, the flow run's stored parameters nor the run directory."""
+    terminal, the flow run's stored parameters nor the run directory.
+    Issue 53: the terminal says the failure in one line, naming the phase, the reason and the run's log, exit 2 (the
+    input is bad); Prefect's traceback and its "Finished in state Failed" lines are in that log and in the flow run's
+    logs in Prefect, not on the terminal; datasets' own error record, which the line says again, is in the log only."""
     if not TOKENIZER.is_dir():
         pytest.skip(f"{TOKENIZER} (the shared SmolLM2 tokenizer) is not present")
     model = tiny_model_dir(tmp_path / "model", seed=1)
@@ -174,14 +204,28 @@ def test_a_failed_run_sends_one_notice_and_its_report_says_where_it_failed(tmp_p
         ]
         env = prefect_env(tmp_path / "prefect", api)
         run = grpo("pipeline", "--config", str(REPO / "configs/demo_cpu.yaml"), *overrides, env=env, cwd=tmp_path)
-        assert run.returncode == 1, run.stderr[-5000:]
-        assert run.stderr.splitlines()[-1].startswith("error: pipeline failed: "), run.stderr[-5000:]
+        assert run.returncode == 2, run.stderr[-5000:]
         flow_run_id, artifacts = flow_run_artifacts(api)
         from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
             flow_run = client.read_flow_run(flow_run_id)
+            only_this_run, deadline = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), time.time() + 30
+            while not (failed := [e.message for e in client.read_logs(only_this_run) if TRACEBACK in e.message]):
+                assert time.time() < deadline, client.read_logs(only_this_run)  # the server stores logs in batches
+                time.sleep(0.5)
+    log = tmp_path / "run" / "launch" / "pipeline.log"
+    [error] = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert error == run.stderr.splitlines()[-1], run.stderr[-5000:]
+    assert error.startswith(f"error: pipeline failed in prepare (the data): {bad / 'train.parquet'} is not valid")
+    assert error.endswith(f" (details in {log})") and TRACEBACK not in run.stdout + run.stderr, run.stderr[-5000:]
+    assert "Failed to read schema" not in run.stderr  # datasets' error record, which the line says again
+    logged = log.read_text()  # the flow's traceback, chained to pyarrow's, as in the flow run's logs in Prefect
+    assert "Encountered exception during execution" in failed[0] and "Encountered exception during execution" in logged
+    assert logged.count(TRACEBACK) == 2 and "grpo_core.data.gsm8k.DataError: " in logged
+    assert "Failed to read schema" in logged and "Finished in state Failed(" in logged
     assert flow_run.state.is_failed()
     (report,) = [a for a in artifacts if a.key == "grpo-pipeline-report"]
     assert report.type == "markdown" and "**Failed in:** prepare (the data)" in report.data

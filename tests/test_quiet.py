@@ -145,6 +145,15 @@ def test_library_info_and_log_only_records_go_to_the_log_our_info_and_every_warn
     assert not quiet.is_quiet_record(record(prefect_engine, logging.WARNING))
     assert not quiet.is_quiet_record(record(str(REPO / "tasks" / "evaluate.py")))
     assert quiet.is_quiet_record(record(str(REPO / "flows" / "grpo_pipeline.py"), **{quiet.LOG_ONLY: True}))
+    # issue 53: Prefect's engine's report of a failed task run (with its traceback) goes to the log, whole
+    failed = record(prefect_engine, logging.ERROR, name="prefect.task_runs", msg="Task run failed with exception")
+    try:
+        raise ValueError("bad input")
+    except ValueError:
+        failed.exc_info = sys.exc_info()
+    assert quiet.is_quiet_record(failed) and "Traceback (most recent call last)" in quiet._traceback_of(failed)
+    assert not quiet.is_quiet_record(record(prefect_engine, logging.WARNING, name="prefect.task_runs"))
+    assert not quiet.is_quiet_record(record(str(REPO / "tasks" / "train.py"), logging.ERROR, name="prefect.task_runs"))
     cached = record(prefect_engine, msg="Finished in state Cached(type=COMPLETED)", task_run_name="prepare_gsm8k-0")
     assert (
         quiet.cached_line(cached)

@@ -2,6 +2,7 @@
 resolved against a real `mlflow server` on loopback, downloaded once per version; unusable URIs end in one line."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -87,23 +88,44 @@ def test_train_dry_run_resolves_an_alias_and_downloads_the_version_once(registry
     assert len(list(cache.glob(f"{NAME}/*"))) == 1
 
 
-def test_a_copy_changed_after_registration_is_refused(registry, tmp_path, capsys):
-    """The version's files are checked against the digest recorded on the tracking server at registration:
-    a changed copy (in the artifact store, or here the local cache) is refused in one line, exit 2."""
-    uri, _ = registry
+def test_a_changed_copy_is_downloaded_again_and_a_changed_store_is_refused(registry, tmp_path, capsys, caplog):
+    """The version's files are checked against the digest recorded on the tracking server at registration, before
+    each use: a changed local copy is downloaded again, with one warning naming the file; a copy changed in the
+    artifact store fails again after that download and is refused in one line, exit 2 (nothing of it kept)."""
+    from mlflow import MlflowClient
+
+    uri, root = registry
     cache = tmp_path / "cache"
     model = fetch_model(f"models:/{NAME}@champion", uri, str(cache))  # downloaded and checked
     weights = model.path / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
+    caplog.clear()
     args = ["train", "--dry-run", "--config", str(REPO / "configs/demo_cpu.yaml")]
     args += [f"actor_rollout_ref.model.path=models:/{NAME}@champion", f"tracking.mlflow_tracking_uri={uri}"]
-    assert main([*args, f"tracking.model_cache_dir={cache}"]) == 2
+    assert main([*args, f"tracking.model_cache_dir={cache}"]) == 0
+    [warning] = [r.getMessage() for r in caplog.records if "downloaded it again" in r.getMessage()]
+    assert warning == (f"warning: models:/{NAME}@champion: the local copy {model.path} was not the files version 2 "
+                       "was registered with (model.safetensors changed); downloaded it again")  # fmt: skip
+    assert weights.read_bytes() == (root / "v2" / "model.safetensors").read_bytes()
+
+    name = f"{NAME}_store"  # its own registered model: the other tests' versions stay as they are
+    client = MlflowClient(uri)
+    version = register(client, root / "v2", name, "champion", provenance_tags(root / "v2", None))
+    run_id = client.get_model_version(name, version).run_id
+    (stored,) = (root / "mlflow" / "art").glob(f"*/{run_id}/artifacts/model/model.safetensors")
+    stored.write_bytes(bytes(data))  # changed in the artifact store
+    evaluate = ["evaluate", "--model", f"models:/{name}@champion", "--tracking-uri", uri, "--data", str(tmp_path)]
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("GRPO_MODEL_CACHE", str(cache))
+        assert main([*evaluate, "--output", str(tmp_path / "eval")]) == 2
     err = capsys.readouterr().err
     [error] = [line for line in err.splitlines() if line.startswith("error:")]
-    assert f"models:/{NAME}@champion: the files of version 2 ({model.path}) are not those it was registered" in error
-    assert "Traceback" not in err
+    assert error.startswith(f"error: models:/{name}@champion: the files of version 1 (mlflow-artifacts:/")
+    assert error.endswith("and a fresh download is not either: changed in the artifact store; refused")
+    assert "Traceback" not in err and not list(cache.glob(f"{name}/*/model")) and not (tmp_path / "eval").exists()
 
 
 def test_a_version_number_and_grpo_evaluate(registry, tmp_path, monkeypatch, capsys, caplog):
@@ -195,10 +217,13 @@ def adapter_version(registry):
     return uri, root, version
 
 
-def test_an_adapter_version_starts_a_lora_run_from_its_base_and_is_evaluated_merged(adapter_version, tmp_path, capsys):
+def test_an_adapter_version_starts_a_lora_run_from_its_base_and_is_evaluated_merged(
+    adapter_version, tmp_path, capsys, caplog
+):
     """`models:/NAME@lora` (an adapter on version 2): a LoRA run resolves to version 2's weights with the adapters
     starting from the adapter (pinned for the ranks, its base named for the next registration); a run without LoRA
-    is one line, exit 2; `grpo evaluate` evaluates the base with the adapter merged, which is peft's merge."""
+    is one line, exit 2; `grpo evaluate` evaluates the base with the adapter merged, which is peft's merge; a merged
+    copy changed afterwards is merged again before the next evaluation."""
     pytest.importorskip("peft")
     import torch
     from peft import PeftModel
@@ -245,3 +270,66 @@ def test_an_adapter_version_starts_a_lora_run_from_its_base_and_is_evaluated_mer
         assert torch.allclose(value, expected[key], atol=1e-6), key
     q = "model.layers.1.mlp.gate_proj.weight"
     assert not torch.allclose(merged[q], load_file(str(base / "model.safetensors"))[q], atol=1e-3)  # it acts
+
+    # the merged copy is checked before each use: another model's weights of the same shape put there are merged
+    # again from the checked adapter and base, with one warning, and never evaluated
+    merged_file = adapter.parent / "merged" / "model.safetensors"
+    written = merged_file.read_bytes()
+    shutil.copy(root / "v1" / "model.safetensors", merged_file)
+    caplog.clear()
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("GRPO_MODEL_CACHE", str(cache))
+        assert main([*args[:-1], str(tmp_path / "again")]) == 0
+    [warning] = [r.getMessage() for r in caplog.records if "merged model" in r.getMessage()]
+    assert warning == (f"warning: models:/{NAME}@lora: its merged model is not what the merge wrote: {merged_file}: "
+                       "content differs from the manifest (hash mismatch); merging it again from the checked adapter "
+                       "and base")  # fmt: skip
+    assert merged_file.read_bytes() == written
+    samples = [(tmp_path / out / "samples.jsonl").read_text() for out in ("eval", "again")]
+    assert samples[0] == samples[1]  # what the first evaluation answered, from the same weights
+
+
+def test_an_adapter_of_other_shapes_and_tags_that_do_not_parse_are_one_line(registry, tmp_path, capsys):
+    """Issue 53: a registered adapter of another model's shapes is refused in one line, exit 2, before anything is
+    merged or started: by `grpo evaluate` (whose merge raised a RuntimeError) and by a LoRA dry run from it (whose
+    ranks failed); a version whose tags the project reads do not parse (records/tags.py) is refused when fetched."""
+    from mlflow import MlflowClient
+
+    from grpo_core.tracking.registry import ADAPTER_BASE_TAG
+
+    uri, root = registry
+    name, client, cache = f"{NAME}_records", MlflowClient(uri), tmp_path / "cache"
+    base = register(client, root / "v2", name, None, provenance_tags(root / "v2", None))
+    other = write_adapter(tiny_model_dir(tmp_path / "narrower", hidden=32), tmp_path / "adapter")
+    tags = {**provenance_tags(other, None), ADAPTER_BASE_TAG: f"models:/{name}/{base}"}
+    wrong = register(client, other, name, None, tags)
+    odd = register(client, root / "v2", name, None, {"grpo.model_sha256": "not a digest"})
+    data = capitals_data(tmp_path / "data", rows=8)
+    evaluate = ["evaluate", "--tracking-uri", uri, "--data", str(data / "test.parquet")]
+    evaluate += ["--output", str(tmp_path / "eval")]
+
+    def one_line(argv: list[str]) -> str:
+        with pytest.MonkeyPatch.context() as m:
+            m.setenv("GRPO_MODEL_CACHE", str(cache))
+            assert main(argv) == 2
+        err = capsys.readouterr().err
+        [error] = [line for line in err.splitlines() if line.startswith("error:")]
+        assert "Traceback" not in err
+        return error
+
+    error = one_line([*evaluate, "--model", f"models:/{name}/{wrong}"])
+    (adapter,) = cache.glob(f"{name}/v{wrong}-*/model")
+    (base_copy,) = cache.glob(f"{name}/v{base}-*/model")
+    assert error.startswith(f"error: {adapter / 'adapter_model.safetensors'}: module model.layers.0."), error
+    assert f"update; the base {base_copy} has [" in error, error
+    assert not list(adapter.parent.glob("merged*")) and not (tmp_path / "eval").exists()
+
+    lora = ["actor_rollout_ref.model.lora.rank=4", "actor_rollout_ref.model.lora.alpha=8"]
+    dry = ["train", "--dry-run", "--config", str(REPO / "configs/demo_cpu.yaml"), f"tracking.mlflow_tracking_uri={uri}"]
+    dry += [f"tracking.model_cache_dir={cache}", *lora, f"actor_rollout_ref.model.path=models:/{name}/{wrong}"]
+    said = f"error: actor_rollout_ref.model.lora.adapter_path: {adapter / 'adapter_model.safetensors'}: module model."
+    assert one_line(dry).startswith(said)
+    assert one_line([*evaluate, "--model", f"models:/{name}/{odd}"]) == (
+        f"error: models:/{name}/{odd} (version {odd}): tag 'grpo.model_sha256': expected 64 lowercase hex digits, got "
+        "'not a digest'"
+    )

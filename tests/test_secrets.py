@@ -137,6 +137,43 @@ def test_the_ranks_get_names_on_their_command_line_and_values_from_their_environ
         load_config(None, command[command.index("/c.yaml") + 1 :])
 
 
+WEBHOOK = "https://bot:plantedpw@hooks.example/services/plantedtoken"  # issue 53: a password, a token in its path
+
+
+def test_every_secret_looking_override_reaches_the_ranks_and_a_slurm_job_by_environment_only(monkeypatch):
+    """Issue 53: outside ``trainer.env`` too. The ranks' command line names a variable for a secret-named setting
+    and for a URL with a password under an innocent key; the rank's config, read in the environment the launcher
+    gives it, equals the launcher's; null stays null. The batch script checks the names and holds no value."""
+    from grpo_core.launch import JobShape, trainer_command
+    from grpo_core.launch.common import trainer_secrets
+    from grpo_core.launch.slurm import sbatch_script
+
+    mlflow = "http://u:plantedpw@127.0.0.1:5000"
+    overrides = [
+        f"tracking.notify_webhook_url={WEBHOOK}",
+        f"tracking.mlflow_tracking_uri={mlflow}",
+        "+trainer.env.MY_PAT=plantedpat123",
+        "trainer.total_training_steps=3",
+    ]
+    launcher = load_config(None, overrides)
+    command, secrets = trainer_command("/c.yaml", overrides, python="python"), trainer_secrets(overrides)
+    assert not [leak for leak in LEAKS if leak in " ".join(command)]
+    assert "tracking.notify_webhook_url=${oc.env:GRPO_TRACKING_NOTIFY_WEBHOOK_URL}" in command
+    assert secrets["GRPO_TRACKING_NOTIFY_WEBHOOK_URL"] == WEBHOOK
+    assert secrets["GRPO_TRACKING_MLFLOW_TRACKING_URI"] == mlflow
+    for name, value in {**JobShape.from_config(launcher).env, **secrets}.items():
+        monkeypatch.setenv(name, value)
+    rank = load_config(None, command[command.index("/c.yaml") + 1 :])
+    assert rank == launcher and rank.tracking.notify_webhook_url == WEBHOOK
+    unset = ["tracking.notify_webhook_url=null"]
+    assert trainer_command(None, unset, python="python")[3:] == unset and not trainer_secrets(unset)
+
+    script = sbatch_script(command, JobShape.from_config(launcher), log_path="/r/slurm-%j.log", secret_env=secrets)
+    assert not [leak for leak in LEAKS if leak in script]
+    assert ': "${GRPO_TRACKING_NOTIFY_WEBHOOK_URL?not passed on by sbatch (a secret-looking override)}"' in script
+    assert ': "${MY_PAT?not passed on by sbatch (trainer.env.MY_PAT)}"' in script
+
+
 @pytest.mark.parametrize(
     "override",
     [

@@ -6,7 +6,8 @@ Layout under ``root``::
     step_000010/          model + optimizer (megatron dist_checkpointing, reshardable), trainer_state.json,
                           rng/rank_<r>.pt, manifest.json (every file's size and hash: see manifest.py)
     step_000012.partial/  a save in progress (or killed, or failed): never loaded, removed by the next save
-    latest                the name of the newest complete checkpoint, replaced atomically
+    latest                the name of the newest complete checkpoint, replaced atomically (for people and tools:
+                          resuming takes the newest intact checkpoint, and says so when ``latest`` disagrees)
 
 All ranks write into ``step_N.partial``; after a barrier rank 0 writes ``trainer_state.json``, then the
 manifest of every rank's files, and renames the directory (atomic on POSIX), then points ``latest`` at it.
@@ -33,6 +34,8 @@ from grpo_core.checkpoint.contents import check_contents
 from grpo_core.checkpoint.manifest import DamagedFile, Verified
 from grpo_core.config.defaults import SETTING, defaults_from, schema_default
 from grpo_core.numerics import NotFinite
+from grpo_core.records.checkpoint import TrainerState
+from grpo_core.records.reader import RecordError, read_json_as_written
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +48,9 @@ RESUMED_WITHOUT = {
     "optimizer": "Adam starts afresh from the saved weights",
     "extra": "the lr schedule starts from its first step and the RNG states start fresh",
 }
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+_STEP_DIR = re.compile(r"step_([0-9]+)")  # fullmatch
+LATEST = "latest"  # the newest checkpoint's name
+POINTER_BYTES = 256  # read of ``latest``: a name is far shorter
 
 
 class CheckpointError(Exception):
@@ -80,10 +85,10 @@ def read_trainer_state(path: Path) -> dict:
             else f"no {STATE_FILE} in it"
         )
         raise CheckpointError(f"{path} is not a complete checkpoint: {why}")
-    try:
-        return json.loads((path / STATE_FILE).read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path / STATE_FILE}:{e.lineno}: unreadable trainer state ({e.msg})") from None
+    try:  # typed and bounded (records/checkpoint.py): a state that does not fit it marks the checkpoint damaged
+        return read_json_as_written(path / STATE_FILE, TrainerState)
+    except RecordError as e:
+        raise CheckpointError(f"damaged checkpoint: {e}") from None
 
 
 def describe_checkpoint(path: str | Path) -> str:
@@ -91,23 +96,26 @@ def describe_checkpoint(path: str | Path) -> str:
     path = Path(path)
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     try:
-        contents = ", ".join(sorted(saved_contents(json.loads((path / STATE_FILE).read_text()))))
-    except (OSError, ValueError):
+        contents = ", ".join(sorted(saved_contents(read_trainer_state(path))))
+    except CheckpointError:
         contents = "contents unknown"
     return f"{path} ({size / 1e9:.2f} GB: {contents})"
 
 
 def verify_checkpoint(path: str | Path) -> Verified:
-    """A complete checkpoint whose files are whole (manifest.verify) and hold plain, finite data
-    (contents.check_contents); CheckpointError naming the bad file otherwise."""
+    """A complete checkpoint whose trainer state is of its schema (records/checkpoint.py), whose files are whole
+    (manifest.verify) and hold plain, finite data (contents.check_contents), and whose state says its step;
+    CheckpointError naming the bad file (and field) otherwise."""
     path = Path(path)
-    read_trainer_state(path)
+    state = read_trainer_state(path)
     try:
         verified = manifest.verify(path)
         start = time.perf_counter()
         check_contents(path)
     except DamagedFile as e:
         raise CheckpointError(f"{e.kind} checkpoint: {e}") from None
+    if "step" not in state:  # every save writes it; a resume starts from it
+        raise CheckpointError(f"damaged checkpoint: {path / STATE_FILE}: field 'step': missing")
     return dataclasses.replace(verified, contents_seconds=time.perf_counter() - start)
 
 
@@ -236,20 +244,52 @@ class CheckpointManager:
         return last_step or (self.save_freq > 0 and step % self.save_freq == 0)
 
     def complete_checkpoints(self) -> list[Path]:
+        """This run's complete checkpoints, oldest first: directories of ``root`` itself (a symbolic link, which
+        could lead to another run's checkpoint, is none)."""
         if not self.root.is_dir():
             return []
-        found = [p for p in self.root.iterdir() if _STEP_DIR.match(p.name) and is_complete(p)]
-        return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+        found = [
+            p for p in self.root.iterdir() if _STEP_DIR.fullmatch(p.name) and not p.is_symlink() and is_complete(p)
+        ]
+        return sorted(found, key=lambda p: int(_STEP_DIR.fullmatch(p.name).group(1)))
 
     def latest(self) -> Path | None:
-        """The newest complete checkpoint (not verified)."""
-        pointer = self.root / "latest"
-        if pointer.is_file():
-            candidate = self.root / pointer.read_text().strip()
-            if is_complete(candidate):
-                return candidate
+        """The newest complete checkpoint (not verified). Found by listing ``root``: the ``latest`` file is not
+        trusted as a path (it could name another run's checkpoint, whose resume would overwrite this run's steps)."""
         complete = self.complete_checkpoints()
         return complete[-1] if complete else None
+
+    def pointer(self) -> tuple[str | None, str | None]:
+        """(the checkpoint name ``latest`` holds, None), or (None, why it names none of this directory's
+        checkpoints: an absolute path, ``..``, a symbolic link); (None, None) when there is no ``latest``."""
+        path = self.root / LATEST
+        if path.is_symlink():
+            return None, f"is a symbolic link (to {os.readlink(path)}), not a checkpoint's name"
+        if not path.is_file():
+            return None, None
+        with open(path, "rb") as f:
+            name = f.read(POINTER_BYTES).decode("utf-8", "replace").strip()
+        if name.startswith("/"):
+            return None, f"names {name!r}, an absolute path"
+        if ".." in Path(name).parts:
+            return None, f"names {name!r}, a path out of this directory (..)"
+        if not _STEP_DIR.fullmatch(name):
+            return None, f"names {name!r}, not a checkpoint's name (step_N)"
+        if (self.root / name).is_symlink():
+            return None, f"names {name}, a symbolic link (to {os.readlink(self.root / name)})"
+        return name, None
+
+    def _check_pointer(self, chosen: Path, skipped: set[str]) -> None:
+        """One warning when ``latest`` does not name ``chosen``, the newest intact checkpoint (unless it names one
+        already reported damaged): that one wins."""
+        name, why = self.pointer()
+        where = self.root / LATEST
+        if why is not None:
+            logger.warning("warning: %s %s; ignored: resuming from %s, this run's newest intact checkpoint",
+                           where, why, chosen)  # fmt: skip
+        elif name is not None and name != chosen.name and name not in skipped:
+            logger.warning("warning: %s names %s, but %s is this run's newest intact checkpoint; resuming from it",
+                           where, name, chosen)  # fmt: skip
 
     def resolve_resume(self, resume_mode: str) -> Path | None:
         """``auto``: the newest complete checkpoint (or none); ``disable``: none; else that path."""
@@ -265,15 +305,16 @@ class CheckpointManager:
         """The newest checkpoint that verifies; each damaged one newer than it gets one warning naming the file.
         None when there is none; CheckpointError when there are some and all are damaged (starting over would
         purge them: that takes trainer.resume_mode=disable)."""
-        newest = self.latest()
-        candidates = [newest] if newest is not None else []
-        candidates += [p for p in reversed(self.complete_checkpoints()) if p != newest]
+        candidates, skipped = list(reversed(self.complete_checkpoints())), set()
         for path in candidates:
             try:
                 verify_checkpoint(path)
-                return path
             except CheckpointError as e:
                 logger.warning("warning: %s; skipped, resuming from an older checkpoint if one is intact", e)
+                skipped.add(path.name)
+                continue
+            self._check_pointer(path, skipped)
+            return path
         if candidates:
             raise CheckpointError(
                 f"no intact checkpoint in {self.root} (all {len(candidates)} damaged, see the warnings); "
@@ -351,7 +392,7 @@ class CheckpointManager:
             if final.exists():
                 shutil.rmtree(final)
             os.replace(partial, final)
-            write_text_atomic(self.root / "latest", final.name)
+            write_text_atomic(self.root / LATEST, final.name)
             self._purge()
         _barrier()
 

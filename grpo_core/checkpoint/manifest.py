@@ -18,6 +18,9 @@ from pathlib import Path
 
 import xxhash
 
+from grpo_core.records.checkpoint import CheckpointManifest
+from grpo_core.records.reader import RecordError, read_json
+
 MANIFEST_FILE = "manifest.json"
 HASH_NAME = "xxh3_128"
 READ_BYTES = 16 << 20
@@ -83,17 +86,18 @@ def write_manifest(root: Path) -> dict:
 
 
 def read_manifest(root: Path) -> dict | None:
+    """The manifest (records/checkpoint.py: files inside ``root``, sizes and hashes), None when there is none;
+    DamagedFile naming the field when it is not one."""
     path = root / MANIFEST_FILE
     if not path.is_file():
         return None
     try:
-        manifest = json.loads(path.read_text())
-        files = manifest["files"]
-        if manifest.get("hash") != HASH_NAME or not all({"size", "hash"} <= set(v) for v in files.values()):
-            raise ValueError(f"not a {HASH_NAME} manifest")
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise DamagedFile(path, f"unreadable manifest ({e})") from None
-    return manifest
+        manifest = read_json(path, CheckpointManifest)
+    except RecordError as e:
+        raise DamagedFile(path, e.reason) from None
+    if manifest.hash != HASH_NAME:
+        raise DamagedFile(path, f"field 'hash': expected {HASH_NAME!r}, got {manifest.hash!r}")
+    return manifest.model_dump(exclude_unset=True)
 
 
 def first_line(e: BaseException) -> str:

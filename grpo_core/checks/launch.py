@@ -27,12 +27,27 @@ def check_paths(cfg: GRPOConfig, r: Report) -> None:
             f"trainer.default_local_dir={run_dir}: {blocker} is a file, not a directory; point it at a directory "
             "for the run's checkpoints, logs and metrics"
         )
+    check_data_lists(cfg, r)
     for path in cfg.data.train_files + cfg.data.val_files:
-        if not Path(path).exists():
+        if path.strip() and not Path(path).exists():
             r.warnings.append(MISSING_DATA.format(path))
     mode = cfg.trainer.resume_mode
     if mode not in ("auto", "disable") and not Path(mode).exists():
         r.errors.append(f"trainer.resume_mode={mode!r}: not 'auto', 'disable' or an existing checkpoint path")
+
+
+def check_data_lists(cfg: GRPOConfig, r: Report) -> None:
+    """Data lists the ranks read: training data always, validation data when the run validates; no empty name
+    (``data.train_files=[]`` failed in every rank, after the model was loaded)."""
+    d, trainer = cfg.data, cfg.trainer
+    if not d.train_files:
+        r.errors.append("data.train_files=[]: no training data; name the prepared parquet file(s) (`grpo prepare`)")
+    if not d.val_files and (trainer.val_before_train or trainer.test_freq > 0):
+        why = "trainer.val_before_train=true" if trainer.val_before_train else f"trainer.test_freq={trainer.test_freq}"
+        r.errors.append(f"data.val_files=[]: the run validates ({why}); name the validation parquet file(s)")
+    for key in ("train_files", "val_files"):
+        if any(not path.strip() for path in getattr(d, key)):
+            r.errors.append(f"data.{key}={getattr(d, key)}: an empty file name")
 
 
 ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})")

@@ -7,6 +7,7 @@ import importlib.util
 import warnings
 from functools import cache
 from operator import attrgetter
+from pathlib import Path
 
 from grpo_core.checks.report import Report
 from grpo_core.config.schema import LORA_LINEARS, GRPOConfig
@@ -97,7 +98,7 @@ def check_lora(cfg: GRPOConfig, shape: ModelShape | None, r: Report) -> None:
     if lora.rank < 0:
         r.errors.append(f"{key}.rank={lora.rank} must be >= 0 (0: LoRA off)")
     if lora.adapter_path is not None:
-        _check_adapter(lora, key, r)
+        _check_adapter(lora, key, cfg.actor_rollout_ref.model.path, r)
     if lora.rank <= 0:
         return
     if lora.alpha <= 0:
@@ -119,16 +120,19 @@ def check_lora(cfg: GRPOConfig, shape: ModelShape | None, r: Report) -> None:
         )
 
 
-def _check_adapter(lora, key: str, r: Report) -> None:
-    """A start adapter (``lora.adapter_path``) is a readable PEFT LoRA adapter of the run's rank and alpha."""
+def _check_adapter(lora, key: str, base: str, r: Report) -> None:
+    """A start adapter (``lora.adapter_path``) is a PEFT LoRA adapter of the run's rank and alpha whose files pass
+    their checks (records/adapter.py: types, names, shapes, dtypes, finite values), and, where the base model
+    (``base``) is a local directory, of its weights' shapes: what the ranks would fail on, in their logs."""
     from grpo_core.models.adapter import AdapterError, read_adapter, settings_mismatch
 
     if lora.rank <= 0:
         r.errors.append(f"{key}.adapter_path needs LoRA on: set {key}.rank to the adapter's rank")
         return
+    base_dir = Path(base).expanduser()
     try:
-        adapter = read_adapter(lora.adapter_path)
-    except (AdapterError, OSError, ValueError, KeyError) as e:
+        adapter = read_adapter(lora.adapter_path, base_dir if any(base_dir.glob("*.safetensors")) else None)
+    except (AdapterError, OSError, ValueError) as e:
         r.errors.append(f"{key}.adapter_path: {e}")
         return
     if mismatch := settings_mismatch(adapter, lora.rank, lora.alpha):

@@ -11,8 +11,15 @@ from grpo_core.checks.launch import check_launch, check_paths, check_tracking
 from grpo_core.checks.layout import check_batches, check_layout
 from grpo_core.checks.memory import check_checkpoint_disk, check_memory
 from grpo_core.checks.model import check_lora, check_megatron_overrides, check_model_overrides
+from grpo_core.checks.records import check_records
 from grpo_core.checks.report import Report
-from grpo_core.checks.settings import check_checkpoint_contents, check_choices, check_finite, check_precision
+from grpo_core.checks.settings import (
+    check_checkpoint_contents,
+    check_choices,
+    check_counts,
+    check_finite,
+    check_precision,
+)
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.models.shape import ModelShape
 from grpo_core.planning.layout import actor_layout
@@ -22,6 +29,7 @@ def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
     """Every problem with ``cfg``; shape-dependent checks are skipped when the model could not be read."""
     r = Report()
     check_finite(cfg, r)
+    check_counts(cfg, r)
     if r.errors:  # the other checks compute with these numbers
         return r
     check_choices(cfg, r)
@@ -33,6 +41,7 @@ def check_config(cfg: GRPOConfig, shape: ModelShape | None) -> Report:
     check_model_overrides(cfg, r)
     check_custom_reward(cfg, r)
     check_lora(cfg, shape, r)
+    check_records(cfg, r)
     check_launch(cfg, r)
     check_tracking(cfg, r)
     layout = actor_layout(cfg)

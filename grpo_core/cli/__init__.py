@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         err_console.print("interrupted")
         return 130
     except Exception as e:
-        if (status := _exit_status(e)) is None:
+        if (status := exit_status(e)) is None:
             raise
         err_console.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return status
@@ -112,13 +112,14 @@ KNOWN_FAILURES = (
     (EXIT_INVALID, "grpo_core.checkpoint.manager", "CheckpointError"),
     (EXIT_INVALID, "grpo_core.tracking.registry", "RegistryError"),
     (EXIT_INVALID, "grpo_core.models.adapter", "AdapterError"),
+    (EXIT_INVALID, "grpo_core.records.reader", "RecordError"),  # a file read back is not of its schema
     (EXIT_FAILURE, "grpo_core.numerics", "NotFinite"),  # diverged: stopped before it trained on, or saved, NaN
     (EXIT_FAILURE, "grpo_core.checkpoint.manager", "CheckpointSaveError"),  # the environment's fault, not the input's
     (EXIT_FAILURE, "grpo_core.tracking.registry", "RegistryUnreachable"),
 )
 
 
-def _exit_status(e: Exception) -> int | None:
+def exit_status(e: BaseException) -> int | None:
     """The exit status of a failure the user is told about in one line (KNOWN_FAILURES), else None."""
     for status, module, name in KNOWN_FAILURES:
         if (loaded := sys.modules.get(module)) is not None and isinstance(e, getattr(loaded, name)):

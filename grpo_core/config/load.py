@@ -4,7 +4,8 @@ OmegaConf does the typing and merging. This module adds what users of verl's gui
 the guide's alternative spellings (aliases), verl's keys that have no effect here (a note each) or select a
 feature not offered (an error naming it; ``verl_keys.py``), "did you mean" for unknown keys, every problem
 reported at once with its file and line (or the override that caused it), Hydra's ``+key=value`` rule for
-adding keys to free-form sections, and Hydra's ``--config-path/--config-name``.
+adding keys to free-form sections, and Hydra's ``--config-path/--config-name``. The file itself is read as
+plain YAML within limits of size, depth and alias expansion (``yaml_file.py``).
 """
 
 import difflib
@@ -14,7 +15,6 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue, OmegaConfBaseException
 
@@ -22,6 +22,7 @@ from grpo_core.config import verl_keys
 from grpo_core.config.hardware import native_dtype
 from grpo_core.config.schema import AUTO_DTYPE, DTYPE_SECTIONS, FREE_FORM_KEYS, GRPOConfig, iter_settings
 from grpo_core.config.secrets import is_secret, masked, masked_word, shown_key
+from grpo_core.config.yaml_file import MAX_DEPTH, MAX_VALUE_CHARS, ConfigFileError, read_config_file
 
 ALIASES = {
     "algorithm.group_size": "actor_rollout_ref.rollout.n",
@@ -108,27 +109,6 @@ def _flatten(tree: Any, prefix: str = "", whole_dicts: bool = True) -> dict[str,
     return flat
 
 
-def _line_numbers(text: str) -> tuple[dict[str, int], dict[str, str]]:
-    """Dotted key -> 1-based line of that key in a YAML document, and dotted key -> a scalar value's text as
-    written (before YAML turns it into a number)."""
-    lines: dict[str, int] = {}
-    texts: dict[str, str] = {}
-
-    def walk(node: yaml.Node, prefix: str) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                key = f"{prefix}{key_node.value}"
-                lines[key] = key_node.start_mark.line + 1
-                if isinstance(value_node, yaml.ScalarNode):
-                    texts[key] = value_node.value
-                walk(value_node, key + ".")
-
-    root = yaml.compose(text)
-    if root is not None:
-        walk(root, "")
-    return lines, texts
-
-
 def _as_written(key: str, value: Any, text: str) -> Any:
     """``text`` for a ``lower_upper`` setting that YAML or OmegaConf read as a number with a digit separator
     (``0.5_2`` -> 0.52), else ``value``."""
@@ -137,37 +117,17 @@ def _as_written(key: str, value: Any, text: str) -> Any:
     return text.strip().strip("'\"") if lower_upper and number and "_" in text else value
 
 
-def _read_text(path: Path) -> str:
-    """The file as UTF-8 (what YAML is); a file saved in another encoding is named with the line of its first bad
-    byte, not a UnicodeDecodeError."""
-    if not path.is_file():
-        raise ConfigError([f"{path}: config file not found"])
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise ConfigError([f"{path}: cannot read the config file: {e.strerror or e}"]) from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise ConfigError(
-            [f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); save it as UTF-8"]
-        ) from None
-
-
 def _read_yaml(path: Path) -> list[_Value]:
-    text = _read_text(path)
     try:
-        tree = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ConfigError([f"{where}: malformed YAML: {getattr(e, 'problem', None) or e}"]) from None
+        doc = read_config_file(path)
+    except ConfigFileError as e:
+        raise ConfigError([str(e)]) from None
+    tree = doc.tree or {}
     if not isinstance(tree, dict):
         raise ConfigError([f"{path}: the top level must be a mapping of sections, got {type(tree).__name__}"])
-    lines, texts = _line_numbers(text)
     return [
-        _Value(k, _as_written(k, v, texts.get(k, "")), f"{path}:{lines.get(k, 1)}") for k, v in _flatten(tree).items()
+        _Value(k, _as_written(k, v, doc.texts.get(k, "")), f"{path}:{doc.lines.get(k, 1)}")
+        for k, v in _flatten(tree).items()
     ]
 
 
@@ -177,6 +137,14 @@ def _read_overrides(overrides: list[str]) -> tuple[list[_Value], list[str]]:
         key, sep, text = raw.partition("=")
         if not sep or not key.lstrip("+"):
             problems.append(f"override {masked_word(raw)!r}: expected key=value or +key=value")
+            continue
+        if len(text) > MAX_VALUE_CHARS:  # a file's limits (yaml_file.py)
+            problems.append(
+                f"override '{key[:80]}=…': a value of {len(text):,} characters (at most {MAX_VALUE_CHARS:,})"
+            )
+            continue
+        if key.count(".") >= MAX_DEPTH:
+            problems.append(f"override '{key[:80]}…': nested more than {MAX_DEPTH} levels deep")
             continue
         try:
             parsed = OmegaConf.to_container(OmegaConf.from_dotlist([raw.lstrip("+")]))
@@ -274,6 +242,9 @@ def _apply(cfg: Any, v: _Value, from_file: bool, notes: dict[str, str]) -> str |
     value = v.value
     if field is not None and typing.get_origin(field.type) is list and isinstance(value, str):
         value = [value]  # data.train_files=one.parquet, as in verl's examples
+    if field is not None and _nested_items(field.type, value):
+        shown = f"{shown_key(v.key)}={masked(value, v.key)!r}"
+        return f"{v.where}: {shown} is not a valid {_type_name(field.type)} (an item is a list or a mapping)"
     try:
         OmegaConf.update(cfg, v.key, value, merge=True)
     except OmegaConfBaseException as e:
@@ -282,6 +253,19 @@ def _apply(cfg: Any, v: _Value, from_file: bool, notes: dict[str, str]) -> str |
         shown = f"{shown_key(v.key)}={masked(value, v.key)!r}"
         return f"{v.where}: {shown} is not a valid {_type_name(expected)}{reason}"
     return None
+
+
+def _nested_items(field_type: Any, value: Any) -> bool:
+    """A list or mapping inside a ``list[str]`` or ``dict[str, str]`` setting's value: OmegaConf takes
+    ``train_files: [[a]]`` and ``env: {A: {B: 1}}`` as they are (and fails on them later, writing the config)."""
+    origin, args = typing.get_origin(field_type), typing.get_args(field_type)
+    if origin is list and isinstance(value, list):
+        items = value
+    elif origin is dict and isinstance(value, dict) and args[1:] != (Any,):
+        items = list(value.values())
+    else:
+        return False
+    return any(isinstance(item, list | dict) for item in items)
 
 
 def _type_name(t: Any) -> str:

@@ -10,11 +10,15 @@ The ranks never get ``trainer.env`` values on their command line (``ps`` shows i
 machine): ``env_by_reference`` writes ``+trainer.env.NAME=${oc.env:NAME}`` in place of the value, and a rank
 reads it from the environment its launcher exported (``trainer.env``), so its config equals the launcher's.
 The same reference given to ``grpo train``/``grpo pipeline`` keeps a value off their own command line (and out
-of Prefect's stored flow parameters): it is read from the environment they are started in.
+of Prefect's stored flow parameters): it is read from the environment they are started in. Any other
+secret-looking value they are given (a secret-named setting, a URL with a password) reaches what they start the
+same way: ``secrets_by_reference`` names it (``${oc.env:GRPO_<KEY>}``) and returns the value for the child's
+environment, so no process's command line holds a secret that its starter's did not.
 
 Simplifications: a name is judged by its words, so a secret under an innocent name (outside ``trainer.env``)
-or pasted into free text is not caught; an override of a whole section above ``trainer.env``
-(``+trainer={env: {...}}``) still carries its values to the ranks (it is masked where shown).
+or pasted into free text is not caught; an override of a whole section above a secret
+(``+trainer={env: {...}}``, ``tracking={notify_webhook_url: ...}``) or a list holding a URL with a password still
+carries its values to the ranks (it is masked where shown).
 """
 
 import re
@@ -129,8 +133,9 @@ def env_by_reference(overrides: Sequence[str]) -> list[str]:
 def into_environment(overrides: Sequence[str], environ: dict) -> list[str]:
     """``env_by_reference(overrides)``, with the values it leaves out set in ``environ``: this process's, for
     what it starts (the pipeline's flow, whose parameters Prefect keeps in its database, gets the references).
-    A secret setting outside ``trainer.env`` (``tracking.notify_webhook_url``) goes the same way, into
-    ``GRPO_<KEY>`` (``GRPO_TRACKING_NOTIFY_WEBHOOK_URL``), which the config reads back through the reference."""
+    A secret setting outside ``trainer.env`` (``tracking.notify_webhook_url``, or a string holding a URL with a
+    password under any key) goes the same way, into ``GRPO_<KEY>`` (``GRPO_TRACKING_NOTIFY_WEBHOOK_URL``), which
+    the config reads back through the reference."""
     overrides = [_by_reference(word, environ) for word in overrides]
     for word in overrides:
         key, sep, value = word.partition("=")
@@ -142,14 +147,27 @@ def into_environment(overrides: Sequence[str], environ: dict) -> list[str]:
     return env_by_reference(overrides)
 
 
+def secrets_by_reference(overrides: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """(``overrides`` as a child process's command line may hold them, the environment variables their
+    references read): ``into_environment`` into a fresh mapping, for a launcher that passes it to the child."""
+    environ: dict[str, str] = {}
+    return into_environment(overrides, environ), environ
+
+
 def _by_reference(word: str, environ: dict) -> str:
-    """``word``, when it sets a secret outside ``trainer.env``, as a reference to the variable now holding it."""
+    """``word``, when it sets a secret outside ``trainer.env``, as a reference to the variable now holding it.
+    The reference reads back a string: a URL password under an innocent key moves only in one (not in a list),
+    and null stays null."""
     key, sep, value = word.partition("=")
     name = key.lstrip("+")
-    if not sep or not is_secret(name) or name.startswith(ENV_SECTION + ".") or _REFERENCE.fullmatch(value):
+    if not sep or name.startswith(ENV_SECTION + ".") or _REFERENCE.fullmatch(value):
+        return word
+    parsed = _parsed(value)
+    has_password = isinstance(parsed, str) and hide_url_passwords(parsed) != parsed
+    if parsed is None or not (is_secret(name) or has_password):
         return word
     variable = "GRPO_" + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
-    environ[variable] = str(_parsed(value))
+    environ[variable] = str(parsed)
     return f"{key}=${{oc.env:{variable}}}"
 
 

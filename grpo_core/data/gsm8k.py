@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import track
 
 from grpo_core.data.lineage import RECORD, file_sha256, read_record, record_text
+from grpo_core.quiet import quiet_datasets
 from grpo_core.rewards.gsm8k import extract_solution
 
 if TYPE_CHECKING:
@@ -284,6 +285,7 @@ def prepare_gsm8k(source: str, output_dir: str | Path, force: bool = False, prog
     with contextlib.ExitStack() as stack:
         import datasets
 
+        quiet_datasets()  # its records once, through the routing of quiet.py
         if not progress and not datasets.are_progress_bars_disabled():
             datasets.disable_progress_bars()
             stack.callback(datasets.enable_progress_bars)

@@ -15,6 +15,9 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from grpo_core.records.data import DataManifest
+from grpo_core.records.reader import read_json
+
 RECORD = "manifest.json"
 DIGEST_CHARS = 32  # MLflow's dataset digest column holds 36
 
@@ -44,12 +47,14 @@ def record_text(record: dict, outputs: dict[str, Path]) -> str:
 
 
 def read_record(directory: str | Path) -> dict | None:
-    """The prepare record in ``directory``, or None when there is none (or it is not JSON)."""
-    try:
-        record = json.loads((Path(directory) / RECORD).read_text())
-    except (OSError, ValueError):
+    """The prepare record in ``directory`` (typed: records/data.py), or None when there is none, or the file is
+    another tool's (an object without ``format_version``). RecordError naming the field when it is not of its
+    schema: what a record says of the data (its digests, rows, source) is read back into every run's lineage."""
+    path = Path(directory) / RECORD
+    if not path.is_file():
         return None
-    return record if isinstance(record, dict) else None
+    record = read_json(path, DataManifest)
+    return record.model_dump(exclude_unset=True) if record.format_version is not None else None
 
 
 def record_of(path: str | Path) -> dict | None:

@@ -21,6 +21,9 @@ import torch
 
 from grpo_core.config.defaults import SETTING, defaults_from, schema_default
 from grpo_core.data.gsm8k import DataError
+from grpo_core.data.template_sandbox import render_problem
+from grpo_core.records.data import RowsSeen
+from grpo_core.records.reader import RecordError, read_json
 
 
 def check_data_file(path: str | Path, prompt_key: str) -> int:
@@ -86,25 +89,75 @@ def _shown(value) -> str:
     return f"{type(value).__name__} {repr(value)[:80]}"
 
 
-def read_row(tokenizer, row: dict, where: str, prompt_key: str) -> tuple[list[int] | None, str]:
-    """What training takes from a row: its prompt's token ids (None without a ``tokenizer``) and its ground truth.
-    A column of the right name holding the wrong type is a DataError naming ``where`` (file and row) and the
-    column, not a template error from every rank."""
+@dataclass(frozen=True)
+class PromptFit:
+    """What becomes of a prompt over ``max_len`` tokens, as in verl: dropped (``data.filter_overlong_prompts``), cut
+    (``data.truncation`` left, right or middle) or refused (truncation=error). A prompt of more than ``max_chars``
+    characters cannot fit, so it is dropped, cut to ``max_chars`` or refused before it is tokenized: a tokenizer
+    given megabytes takes seconds and memory on every rank, or panics."""
+
+    max_len: int
+    filter_overlong: bool
+    truncation: str
+    max_chars: int
+
+    @classmethod
+    def of(cls, tokenizer, max_len: int, filter_overlong: bool, truncation: str) -> "PromptFit":
+        """``max_chars``: ``max_len`` tokens of the tokenizer's longest (in characters): no text longer fits."""
+        longest = max(map(len, tokenizer.get_vocab()), default=1)
+        return cls(max_len, filter_overlong, truncation, max_len * longest)
+
+    def ids(self, tokenizer, text: str, where: str) -> list[int] | None:
+        """``text``'s token ids fitted to ``max_len``; None when the prompt is dropped."""
+        if len(text) > self.max_chars:
+            if self.filter_overlong:
+                return None
+            text = _fit(text, self.max_chars, self.truncation)
+            if text is None:
+                raise DataError(self._too_long(where))
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])  # as apply_chat_template tokenizes
+        if len(ids) <= self.max_len:
+            return ids
+        if self.filter_overlong:
+            return None
+        if (fitted := _fit(ids, self.max_len, self.truncation)) is None:
+            raise DataError(self._too_long(where))
+        return fitted
+
+    def _too_long(self, where: str) -> str:
+        return (
+            f"{where} has more than data.max_prompt_length={self.max_len} prompt tokens (set "
+            "data.filter_overlong_prompts=true or data.truncation=left|right|middle)"
+        )
+
+
+def row_fields(row: dict, where: str, prompt_key: str) -> tuple[list[dict], str]:
+    """A row's chat messages and ground truth. A column of the right name holding the wrong type is a DataError
+    naming ``where`` (file and row) and the column, not a template error from every rank."""
     messages, reward = row.get("prompt"), row.get("reward_model")
     if not (isinstance(messages, list) and messages and all(_is_message(m) for m in messages)):
         expected = "expected a list of chat messages ({role, content})"
         raise DataError(f"{where}, column {prompt_key}: {expected}, got {_shown(messages)}")
     if not (isinstance(reward, dict) and "ground_truth" in reward):
         raise DataError(f"{where}, column reward_model: expected a struct with a ground_truth, got {_shown(reward)}")
-    ids = None
-    if tokenizer is not None:
-        try:
-            ids = chat_prompt_ids(tokenizer, messages)
-        except Exception as e:  # jinja2's errors, or a TypeError from a message's fields
-            reason = (str(e).strip().splitlines() or [""])[0][:200]
-            fails = f"the tokenizer's chat template fails on it: {type(e).__name__}: {reason}"
-            raise DataError(f"{where}, column {prompt_key}: {fails}") from None
-    return ids, str(reward["ground_truth"])
+    return messages, str(reward["ground_truth"])
+
+
+def prompt_text(tokenizer, messages: list[dict], where: str, prompt_key: str) -> str:
+    """The chat template's text of ``messages``, ready for the assistant's turn; its failure a DataError."""
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except Exception as e:  # jinja2's errors, or a TypeError from a message's fields
+        reason = (str(e).strip().splitlines() or [""])[0][:200]
+        fails = f"the tokenizer's chat template fails on it: {type(e).__name__}: {reason}"
+        raise DataError(f"{where}, column {prompt_key}: {fails}") from None
+
+
+def read_row(tokenizer, row: dict, where: str, prompt_key: str, fit: PromptFit) -> tuple[list[int] | None, str]:
+    """What training takes from a row: its prompt's token ids (``fit`` to length; None when it is dropped) and its
+    ground truth."""
+    messages, ground_truth = row_fields(row, where, prompt_key)
+    return fit.ids(tokenizer, prompt_text(tokenizer, messages, where, prompt_key), where), ground_truth
 
 
 def _is_message(message) -> bool:
@@ -112,11 +165,40 @@ def _is_message(message) -> bool:
 
 
 @defaults_from("data")
-def check_prompt_rows(path: str | Path, tokenizer, prompt_key: str = SETTING, rows: int = 8) -> None:
+def check_prompt_rows(
+    path: str | Path,
+    tokenizer,
+    prompt_key: str = SETTING,
+    rows: int = 8,
+    max_prompt_length: int = SETTING,
+    filter_overlong: bool = schema_default("data.filter_overlong_prompts"),
+    truncation: str = SETTING,
+) -> None:
     """The first ``rows`` rows of a file through ``read_row``, as ``load_prompts`` reads them: before any rank
-    starts, cheaply (a few rows, not the file)."""
-    for number, row in enumerate(load_rows(path, rows, prompt_key)):
-        read_row(tokenizer, row, f"{Path(path).expanduser()}: row {number}", prompt_key)
+    starts, cheaply (a few rows, not the file). The chat template renders them first in a child process, under a
+    time and memory limit (template_sandbox.py): a template that never ends is one line here, not a silent hang."""
+    path = Path(path).expanduser()
+    found = load_rows(path, rows, prompt_key)
+    conversations = [row_fields(row, f"{path}: row {n}", prompt_key)[0] for n, row in enumerate(found)]
+    if tokenizer is None:
+        return
+    if (problem := _template_problem(tokenizer, conversations)) is not None:
+        number, why = problem
+        raise DataError(f"{path}: row {number}, column {prompt_key}: the tokenizer's chat template {why}")
+    fit = PromptFit.of(tokenizer, max_prompt_length, filter_overlong, truncation)
+    for number, row in enumerate(found):
+        read_row(tokenizer, row, f"{path}: row {number}", prompt_key, fit)
+
+
+def _template_problem(tokenizer, conversations: list[list[dict]]) -> tuple[int, str] | None:
+    """(row, why) when the tokenizer's chat template does not finish rendering one of ``conversations`` in
+    template_sandbox's limits; None otherwise (a template error is read_row's to report)."""
+    try:
+        template = tokenizer.get_chat_template()
+    except Exception:  # no template: read_row says so
+        return None
+    variables = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str | list)}
+    return render_problem(template, conversations, variables)
 
 
 @dataclass(frozen=True)
@@ -139,16 +221,15 @@ def row_id(messages: list[dict], ground_truth) -> str:
 
 
 def rows_seen(model_dir: str | Path) -> frozenset[str]:
-    """The row ids a model's training drew (its ``rows_seen.json``); none for a model that records none."""
+    """The row ids a model's training drew (its ``rows_seen.json``, typed: records/data.py); none for a model that
+    records none. DataError naming the file and the field when it is not a list of row ids."""
     path = Path(model_dir).expanduser() / SEEN_FILE
     if not path.is_file():
         return frozenset()
     try:
-        return frozenset(map(str, json.loads(path.read_text())["rows_seen"]))
-    except (ValueError, KeyError, TypeError) as e:
-        raise DataError(
-            f"{path}: not a list of rows seen ({type(e).__name__}: {e}); delete it to count every row as new"
-        ) from None
+        return frozenset(read_json(path, RowsSeen).rows_seen)
+    except RecordError as e:
+        raise DataError(f"{e}; delete it to count every row as new") from None
 
 
 def start_rows_seen(model_dir: str | Path, adapter_dir: str | Path | None = None) -> frozenset[str]:
@@ -184,8 +265,9 @@ def decode_responses(tokenizer, responses: list[list[int]]) -> list[str]:
     return backend.decode_batch(responses, skip_special_tokens=True)
 
 
-def _fit(ids: list[int], max_len: int, truncation: str) -> list[int] | None:
-    """``ids`` cut to ``max_len`` as ``truncation`` says; None when it says "error"."""
+def _fit(ids: list[int] | str, max_len: int, truncation: str) -> list[int] | str | None:
+    """``ids`` (token ids, or a text's characters) cut to ``max_len`` as ``truncation`` says; None when it says
+    "error"."""
     if len(ids) <= max_len:
         return ids
     if truncation == "left":
@@ -209,22 +291,15 @@ def load_prompts(
     prompt_key: str = SETTING,
 ) -> tuple[list[Prompt], int]:
     """(prompts, number dropped for length). Overlong prompts are dropped (``filter_overlong``), cut
-    (``truncation``), or rejected with a DataError naming the first one."""
+    (``truncation``), or rejected with a DataError naming the first one (PromptFit)."""
     prompts, dropped = [], 0
+    fit = PromptFit.of(tokenizer, max_prompt_length, filter_overlong, truncation)
     for path in files:
         for number, row in enumerate(load_rows(path, limit, prompt_key)):
-            ids, ground_truth = read_row(tokenizer, row, f"{path}: row {number}", prompt_key)
-            if len(ids) > max_prompt_length:
-                if filter_overlong:
-                    dropped += 1
-                    continue
-                ids = _fit(ids, max_prompt_length, truncation)
-                if ids is None:
-                    raise DataError(
-                        f"{path}: row {len(prompts) + dropped} has more than data.max_prompt_length="
-                        f"{max_prompt_length} prompt tokens (set data.filter_overlong_prompts=true "
-                        "or data.truncation=left|right|middle)"
-                    )
+            ids, ground_truth = read_row(tokenizer, row, f"{path}: row {number}", prompt_key, fit)
+            if ids is None:
+                dropped += 1
+                continue
             prompts.append(
                 Prompt(
                     ids=ids,

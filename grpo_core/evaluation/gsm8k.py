@@ -23,6 +23,8 @@ from grpo_core.atomic import write_text_atomic
 from grpo_core.config.defaults import SETTING, defaults_from
 from grpo_core.data.prompts import chat_prompt_ids, decode_responses, row_id
 from grpo_core.evaluation.stats import wilson_interval
+from grpo_core.records.data import EvalSet
+from grpo_core.records.reader import read_json_as_written
 from grpo_core.rewards.gsm8k import answers_match, extract_solution
 from grpo_core.rollout.base import RolloutEngine, SamplingSettings
 
@@ -235,9 +237,10 @@ def write_eval_set(out_dir: str | Path, data_digest: str, records: list[dict]) -
 
 
 def read_eval_set(out_dir: str | Path) -> dict | None:
-    """What ``write_eval_set`` wrote, or None (an evaluation from before it was written)."""
+    """What ``write_eval_set`` wrote (typed: records/data.py; RecordError when it is not), or None (an evaluation
+    from before it was written)."""
     path = Path(out_dir) / EVAL_SET_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json_as_written(path, EvalSet) if path.is_file() else None
 
 
 def paired_outcomes(base: list[dict], trained: list[dict], field: str) -> tuple[list[bool], list[bool]]:

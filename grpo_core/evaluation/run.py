@@ -17,7 +17,7 @@ from grpo_core.checkpoint.manager import HF_EXPORT, STATE_FILE, CheckpointError,
 from grpo_core.config.defaults import SETTING, defaults_from
 from grpo_core.data.lineage import dataset_digest
 from grpo_core.evaluation.gsm8k import EvalProgress, EvalResult, evaluate, write_eval_set, write_results
-from grpo_core.models.adapter import ADAPTER_CONFIG
+from grpo_core.models.adapter import ADAPTER_CONFIG, AdapterError, is_adapter_dir, read_adapter
 from grpo_core.rollout import EngineRequest, build_engine
 
 PEFT_EXPORT = "peft"  # a LoRA checkpoint's PEFT adapter directory, beside its merged ``hf``: what the registry versions
@@ -88,6 +88,16 @@ def exported_model(checkpoint: str | Path, peft: bool = False) -> Path:
     return out
 
 
+def refuse_adapter_dir(path: str) -> None:
+    """A PEFT adapter directory is not a model: its files' own problem first (records/adapter.py), else where its
+    merged model comes from. AdapterError or RecordError either way."""
+    adapter = read_adapter(path)
+    raise AdapterError(
+        f"{path}: a PEFT LoRA adapter (of {adapter.base_model}), not a model; evaluate the checkpoint it was "
+        "exported from (`grpo evaluate --model CHECKPOINT` merges it) or its registered version (models:/NAME/N)"
+    )
+
+
 def engine_request(model: str, tokenizer, settings: EvalSettings, device: str) -> EngineRequest:
     """What ``settings.engine`` is built from (``rollout.build_engine``), its weights loaded from ``model``; the
     static engine raises ModelLoadError for a model it cannot run."""
@@ -125,6 +135,8 @@ def evaluate_model(
     from grpo_core.rollout.hf import ModelLoadError, load_tokenizer
 
     check_data_file(data_file, settings.prompt_key)  # before a checkpoint's export, which takes a while
+    if is_adapter_dir(model):
+        refuse_adapter_dir(model)
     if is_checkpoint(model):
         model = str(exported_model(model))
     check_weights(model, ("*.safetensors", "pytorch_model*.bin"))

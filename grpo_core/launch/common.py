@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_core.config.secrets import env_by_reference
+from grpo_core.config.secrets import secrets_by_reference
 from grpo_core.quiet import Tracebacks, is_marked
 
 TRAINER_MODULE = "grpo_core.main_ppo"
@@ -93,11 +93,19 @@ def _get(obj: Any, key: str, default: Any = ...) -> Any:
 def trainer_command(
     config_path: str | Path | None, overrides: Sequence[str] = (), python: str = sys.executable
 ) -> list[str]:
-    """``python -m grpo_core.main_ppo [--config FILE] key=value ...``: what every rank runs. A
-    ``trainer.env`` value is not on it (``ps`` shows it to everyone): the rank reads it from the environment that
-    ``JobShape.env`` exports (``+trainer.env.NAME=${oc.env:NAME}``, config/secrets.py)."""
+    """``python -m grpo_core.main_ppo [--config FILE] key=value ...``: what every rank runs. No secret-looking
+    value is on it (``ps`` shows it to everyone): each is named instead (``${oc.env:NAME}``, config/secrets.py)
+    and the rank reads it from its environment, a ``trainer.env`` value from what ``JobShape.env`` exports
+    (``+trainer.env.NAME=${oc.env:NAME}``), any other from ``trainer_secrets(overrides)``."""
     config = ["--config", str(config_path)] if config_path is not None else []
-    return [python, "-m", TRAINER_MODULE, *config, *env_by_reference(overrides)]
+    return [python, "-m", TRAINER_MODULE, *config, *secrets_by_reference(overrides)[0]]
+
+
+def trainer_secrets(overrides: Sequence[str]) -> dict[str, str]:
+    """The environment variables that ``trainer_command``'s references read (``GRPO_<KEY>`` for a secret-looking
+    setting outside ``trainer.env``; a ``trainer.env`` override's own, as ``JobShape.env`` has it too): for the
+    ranks' environment, never a command line or a file."""
+    return secrets_by_reference(overrides)[1]
 
 
 @dataclass(frozen=True)
@@ -204,16 +212,32 @@ def error_file_message(path: str | Path | None) -> str:
     return " ".join(str(message).split())
 
 
-def tail(path: Path, lines: int = 40) -> str:
-    """The last ``lines`` lines of a log ('' if it does not exist) without library chatter and the frames of
-    tracebacks (quiet.py), which stay in the file: they would crowd out what the ranks said last."""
+def _end_of(path: Path, lines: int) -> str:
+    """About the last ``lines`` lines of a file ('' if it cannot be read)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
             f.seek(max(0, f.tell() - 1024 * lines))
-            text = f.read().decode(errors="replace")
+            return f.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log ('' if it does not exist) without library chatter and the frames of
+    tracebacks (quiet.py), which stay in the file: they would crowd out what the ranks said last."""
     tracebacks = Tracebacks()
-    shown = [line for line in text.splitlines() if not (is_marked(line) or tracebacks.hides(line))]
+    shown = [line for line in _end_of(path, lines).splitlines() if not (is_marked(line) or tracebacks.hides(line))]
     return "\n".join(shown[-lines:])
+
+
+def raised_line(rank_log: Path | None, lines: int = 40) -> str:
+    """The line that ends the last traceback near the end of a rank's stderr (``rank_log``: its directory under
+    torchrun's log dir), e.g. ``RuntimeError: …``: why a rank that died of an exception it did not catch (one that
+    printed no ``error:`` line) stopped; '' when there is none."""
+    if rank_log is None:
+        return ""
+    tracebacks = Tracebacks()
+    for line in _end_of(rank_log / "stderr.log", lines).splitlines():
+        tracebacks.hides(line)
+    return tracebacks.raised.strip()

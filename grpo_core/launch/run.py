@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from grpo_core.launch import run_lock, slurm, torchrun
-from grpo_core.launch.common import LaunchError, trainer_command
+from grpo_core.launch.common import LaunchError, trainer_command, trainer_secrets
 from grpo_core.polling import polling
 from grpo_core.quiet import SET_UP, Tracebacks, is_marked
 
@@ -38,15 +38,18 @@ def run_training(
 ) -> Path:
     """Run ``python -m grpo_core.main_ppo [--config F] overrides...`` on every rank of this node (or
     of the Slurm job) with ``trainer.env`` and ``extra_env`` set. Returns the log directory; raises
-    ``LaunchError`` when the job fails, is killed, hangs (``launch.stuck_timeout_s``, ``trainer.hang_timeout_s``:
-    the error then names the newest checkpoint) or runs past ``launch.timeout_s``. ``on_status``: called with
-    each set-up line of rank 0 (what the run does before its first step) where ``echo`` is off."""
+    ``LaunchError`` when the job fails, is killed, hangs (``launch.stuck_timeout_s``, ``trainer.hang_timeout_s``,
+    which also bounds how long a stopped torchrun agent goes unnoticed: the error then names the newest
+    checkpoint) or runs past ``launch.timeout_s``. Secret-looking overrides reach the ranks by environment.
+    ``on_status``: called with each set-up line of rank 0 (what the run does before its first step) where
+    ``echo`` is off."""
     launch_cfg = cfg.launch
     log_dir = Path(cfg.trainer.default_local_dir).resolve() / "launch"
     log_dir.mkdir(parents=True, exist_ok=True)
     # Absolute, so that the ranks find the file whatever directory they (or a Slurm job) start in.
     config = Path(config_path).resolve() if config_path is not None else None
-    command = trainer_command(config, list(overrides))
+    command = trainer_command(config, list(overrides))  # no secret on it: they go by environment
+    secrets = trainer_secrets(overrides)
     out = sys.stderr if echo else StatusLines(on_status) if on_status is not None else None
     stuck_s = launch_cfg.stuck_timeout_s
     if launch_cfg.launcher == "slurm":
@@ -66,6 +69,7 @@ def run_training(
                 port=_port(launch_cfg.rdzv_endpoint) or SLURM_DEFAULT_PORT,
                 sbatch_options=launch_cfg.slurm_options,
                 extra_env=extra_env,
+                secret_env=secrets,
                 timeout_s=launch_cfg.timeout_s,
                 stuck_s=stuck_s,
             )
@@ -84,9 +88,10 @@ def run_training(
             node_rank=node_rank,
             rdzv_endpoint=launch_cfg.rdzv_endpoint if multi_node else None,
             rdzv_id=launch_cfg.rdzv_id,
-            extra_env={**(extra_env or {}), **run_lock.members_env(run_dir)},
+            extra_env={**(extra_env or {}), **secrets, **run_lock.members_env(run_dir)},
             timeout_s=launch_cfg.timeout_s if launch_cfg.timeout_s is not None else float("inf"),
             stuck_s=stuck_s,
+            hang_s=cfg.trainer.hang_timeout_s,
             stop_grace_s=launch_cfg.stop_grace_s,
             pass_fds=() if members is None else (members,),
         )

@@ -9,8 +9,10 @@ COMPLETED. ``launch`` does all three for a config.
 
 Assumptions: the job log, the log directory and the interpreter of the command are on a file system every
 node and this process share, and the first node's ``NodeAddr`` is reachable from the others. ``trainer.env``
-reaches the job through sbatch's environment (its default ``--export=ALL``), not the script: the script is a
-file in the run directory, and those values are secrets (config/secrets.py); it checks that each arrived.
+and the other secret-looking values (``secret_env``: what the trainer's command line names instead of giving,
+launch/common.py) reach the job through sbatch's environment (its default ``--export=ALL``), not the script: the
+script is a file in the run directory, and those values are secrets (config/secrets.py); it checks that each
+arrived.
 """
 
 import logging
@@ -49,11 +51,12 @@ def sbatch_script(
     rdzv_timeout_s: int = 600,
     sbatch_options: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
+    secret_env: Mapping[str, str] | None = None,
     workdir: str | Path | None = None,
 ) -> str:
     """The batch script: ``shape.nnodes`` nodes with one task each (and ``shape.nproc_per_node`` GPUs each on
-    cuda), ``extra_env`` exported, the config's environment (``shape.env``, which ``submit`` passes to sbatch)
-    checked by name, and ``srun`` starting torchrun on every node.
+    cuda), ``extra_env`` exported, the config's environment (``shape.env``) and ``secret_env``, which ``submit``
+    passes to sbatch, checked by name (never written), and ``srun`` starting torchrun on every node.
     ``stop_warning_s``: Slurm sends SIGUSR1 that long before the time limit, and the ranks finish their step,
     save it and stop (trainer/stop.py). ``sbatch_options`` are further ``#SBATCH`` options, e.g.
     ``["--partition=gpu", "--exclusive"]``."""
@@ -85,7 +88,8 @@ def sbatch_script(
     if workdir is not None:
         options.append(f"--chdir={workdir}")
     options += sbatch_options
-    env = {**shape.env, **(extra_env or {})}
+    secret = {**shape.env, **(secret_env or {})}
+    env = {**secret, **(extra_env or {})}
     for key in env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise ValueError(f"not an environment variable name: {key!r}")
@@ -93,7 +97,7 @@ def sbatch_script(
     lines = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(o)}" for o in options), "set -euo pipefail", ""]
     extra = extra_env or {}
     lines += [f"export {key}={shlex.quote(value)}" for key, value in extra.items()]
-    lines += [f': "${{{key}?not passed on by sbatch (trainer.env.{key})}}"' for key in shape.env if key not in extra]
+    lines += [f': "${{{key}?not passed on by sbatch ({_setting(key, shape)})}}"' for key in secret if key not in extra]
     lines += [
         "",
         "# Rendezvous on the first node of the allocation, at the address Slurm itself reaches it by.",
@@ -237,12 +241,14 @@ def launch(
     port: int = 29500,
     sbatch_options: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
+    secret_env: Mapping[str, str] | None = None,
     stuck_s: float | None = None,
     poll_s: float = 2.0,
 ) -> SlurmRun:
     """Write ``log_dir/job.sbatch`` for ``cfg.trainer`` (nnodes, n_gpus_per_node, device, env) and ``command``,
     submit it from ``log_dir`` and follow it; the job log is ``log_dir/slurm-<jobid>.log``, the ranks' own
-    logs go under ``log_dir/ranks/``. Raises ``LaunchError`` unless the job ends COMPLETED; ``timeout_s``
+    logs go under ``log_dir/ranks/``; ``secret_env`` goes through sbatch's environment, ``extra_env`` in the
+    script. Raises ``LaunchError`` unless the job ends COMPLETED; ``timeout_s``
     (``launch.timeout_s``; None: no limit) and ``stuck_s`` cancel it as ``follow`` says."""
     log_dir = Path(log_dir).resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -258,13 +264,19 @@ def launch(
         rank_log_dir=log_dir / "ranks",
         sbatch_options=sbatch_options,
         extra_env=extra_env,
+        secret_env=secret_env,
         workdir=Path.cwd(),
     )
     script_path = log_dir / "job.sbatch"
     script_path.write_text(script)
-    job_id = submit(script_path, shape.env)
+    job_id = submit(script_path, {**shape.env, **(secret_env or {})})
     log.info("submitted Slurm job %s (log: %s)", job_id, log_dir / f"slurm-{job_id}.log")
     return follow(job_id, log_dir / f"slurm-{job_id}.log", timeout_s=timeout_s, stuck_s=stuck_s, poll_s=poll_s)
+
+
+def _setting(variable: str, shape: JobShape) -> str:
+    """Where an environment variable the script checks comes from, for its message."""
+    return f"trainer.env.{variable}" if variable in shape.env else "a secret-looking override"
 
 
 def _run(cmd: list[str], env: Mapping[str, str] | None = None) -> str:

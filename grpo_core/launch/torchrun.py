@@ -10,10 +10,13 @@ heartbeat file for ``stuck_s`` seconds) and the hang watchdog (a phase of a trai
 finished within its limit: diagnostics/watchdog.py, reading the records the ranks write to ``phases/``) stop the job.
 The stuck guard and the watchdog first have every rank write its threads' Python stacks to the node log (copied
 to ``node{R}-stacks.log``, which a later launch keeps), then kill the job: ranks that make no progress would not
-act on a stop request. The timeout, and SIGTERM or Ctrl-C to this process, first
-ask the ranks to stop: they get SIGTERM (the agent does not: it would give them only 30 s), finish the step in
-flight, save it and exit; after ``stop_grace_s`` they are killed (a second Ctrl-C kills at once). Ranks still
-setting up die of the SIGTERM (trainer/stop.py: nothing to save yet), and the error says so.
+act on a stop request. A torchrun agent that is stopped (SIGSTOP) for a third of ``trainer.hang_timeout_s`` (of the
+watchdog's floor when that is automatic) or dies (SIGKILL) ends the job too, its ranks killed at once: nothing
+would collect their output or their exit, and a stopped agent would hold the run until the stuck guard.
+The timeout, and SIGTERM or Ctrl-C to this process, first ask the ranks to stop: they get SIGTERM (the agent does
+not: it would give them only 30 s), finish the step in flight, save it and exit; after ``stop_grace_s`` they are
+killed (a second Ctrl-C kills at once). Ranks still setting up die of the SIGTERM (trainer/stop.py: nothing to save
+yet), and the error says so.
 
 Everything the job started is killed at the end, whether it succeeded or not: the agent's process group, and
 every process that carries this launch's ``GRPO_LAUNCH_ID`` in its environment (torchrun starts each rank in a
@@ -48,7 +51,14 @@ from typing import Any
 
 from grpo_core.config.defaults import SETTING, defaults_from, schema_default
 from grpo_core.config.secrets import masked_command
-from grpo_core.diagnostics.watchdog import DUMP_SIGNAL, PHASE_DIR_VAR, clear_records, find_hang, read_records
+from grpo_core.diagnostics.watchdog import (
+    DUMP_SIGNAL,
+    FLOOR_S,
+    PHASE_DIR_VAR,
+    clear_records,
+    find_hang,
+    read_records,
+)
 from grpo_core.launch import rendezvous
 from grpo_core.launch.common import (
     JobShape,
@@ -57,8 +67,10 @@ from grpo_core.launch.common import (
     error_line,
     first_failure,
     parse_root_causes,
+    raised_line,
     tail,
 )
+from grpo_core.launch.processes import children, is_stopped, pids_with
 from grpo_core.quiet import LOG_ONLY
 
 log = logging.getLogger(__name__)
@@ -67,7 +79,9 @@ AGENT_MODULE = "grpo_core.launch.agent"  # torchrun, stopped once when its launc
 LAUNCH_ID_VAR = "GRPO_LAUNCH_ID"
 LAUNCHER_PID_VAR = "GRPO_LAUNCHER_PID"  # the agent stops once this process is gone (launch/agent.py)
 HEARTBEAT_VAR = "GRPO_HEARTBEAT_FILE"
-NO_PROGRESS = ("stuck", "hang")  # guards that kill at once, after a stack dump: a stop request would go unheard
+DUMPS_STACKS = ("stuck", "hang")  # guards that kill after a stack dump: a stop request would go unheard
+AGENT = "agent"  # the torchrun agent stopped or died: the job is killed at once (it would answer nothing)
+NO_PROGRESS = (*DUMPS_STACKS, AGENT)  # guards that end a job that saves nothing
 
 
 @defaults_from("launch", "trainer")
@@ -188,6 +202,7 @@ def launch(
     extra_env: Mapping[str, str] | None = None,
     timeout_s: float = 7 * 24 * 3600,
     stuck_s: float | None = schema_default("launch.stuck_timeout_s"),
+    hang_s: float | None = schema_default("trainer.hang_timeout_s"),
     stop_grace_s: float = SETTING,
     rdzv_timeout_s: int = 600,
     pass_fds: Sequence[int] = (),
@@ -210,7 +225,14 @@ def launch(
     single_node = shape.nnodes == 1 and rdzv_endpoint is None
     env = {**(rendezvous.loopback_env() if single_node else {}), **shape.env, **(extra_env or {})}
     return run_node(
-        argv, logs, env=env, timeout_s=timeout_s, stuck_s=stuck_s, stop_grace_s=stop_grace_s, pass_fds=pass_fds
+        argv,
+        logs,
+        env=env,
+        timeout_s=timeout_s,
+        stuck_s=stuck_s,
+        hang_s=hang_s,
+        stop_grace_s=stop_grace_s,
+        pass_fds=pass_fds,
     )
 
 
@@ -231,13 +253,15 @@ def run_node(
     env: Mapping[str, str] | None = None,
     timeout_s: float = 7 * 24 * 3600,
     stuck_s: float | None = schema_default("launch.stuck_timeout_s"),
+    hang_s: float | None = schema_default("trainer.hang_timeout_s"),
     stop_grace_s: float = SETTING,
     grace_s: float = 10.0,
     poll_s: float = 0.5,
     pass_fds: Sequence[int] = (),
 ) -> NodeRun:
     """Run a torchrun command line with ``env`` added to this process's environment and ``pass_fds`` open in
-    it (the run's members lock: launch/run_lock.py); see the module docstring."""
+    it (the run's members lock: launch/run_lock.py); see the module docstring (``hang_s``: how long a stopped
+    agent may take to be noticed, ``trainer.hang_timeout_s``)."""
     launch_id = uuid.uuid4().hex
     logs.root.mkdir(parents=True, exist_ok=True)
     for stale in (logs.error_file, logs.heartbeat):
@@ -272,11 +296,12 @@ def run_node(
         )
         try:
             with _stop_requests() as asked:
-                returncode, guard = _wait(proc, logs, start, timeout_s, stuck_s, poll_s, asked)
+                stop_s = _agent_stop_s(hang_s)
+                returncode, guard = _wait(proc, logs, start, timeout_s, stuck_s, stop_s, poll_s, asked)
                 if guard is not None and guard[0] not in NO_PROGRESS:  # live ranks can still save their step
                     returncode = _stop_ranks(proc, stop_grace_s, _forwarded(asked))
-            stacks = guard is not None and guard[0] in NO_PROGRESS and _dump_stacks(proc, logs)
-            if guard is not None and returncode is None and not stacks:
+            stacks = guard is not None and guard[0] in DUMPS_STACKS and _dump_stacks(proc, logs)
+            if guard is not None and returncode is None and not stacks and guard[0] != AGENT:
                 _terminate(proc, grace_s)  # (ranks that dumped their stacks are killed at once: no "stopping" line)
         finally:
             kill_launch(proc, launch_id)
@@ -325,12 +350,14 @@ def _wait(
     start: float,
     timeout_s: float,
     stuck_s: float | None,
+    agent_stop_s: float,
     poll_s: float,
     asked: list[int],
 ) -> tuple[int | None, tuple[str, str] | None]:
     """(return code, None) when torchrun exits, or (None, (guard, why)) when a stop is ``asked`` or the timeout,
-    the stuck guard or the hang watchdog fires."""
+    the stuck guard, the hang watchdog or the agent's stop (for over ``agent_stop_s``) fires."""
     last_seen, last_change = _activity(logs), start
+    stopped_since = None
     while True:
         try:
             return proc.wait(timeout=poll_s), None
@@ -343,11 +370,21 @@ def _wait(
             return None, ("timeout", f"still running after the {timeout_s:g} s limit")
         if (hang := find_hang(read_records(logs.phases), time.time())) is not None:
             return None, ("hang", hang.describe())
+        stopped_since = (stopped_since or now) if is_stopped(proc.pid) else None
+        if stopped_since is not None and now - stopped_since > agent_stop_s:
+            why = f"torchrun's agent (pid {proc.pid}) has been stopped (SIGSTOP) for {now - stopped_since:.0f} s"
+            return None, (AGENT, why)
         seen = _activity(logs)
         if seen != last_seen:
             last_seen, last_change = seen, now
         elif stuck_s is not None and now - last_change > stuck_s:
             return None, ("stuck", f"no output and no heartbeat for {stuck_s:g} s")
+
+
+def _agent_stop_s(hang_s: float | None) -> float:
+    """How long the agent may stay stopped: a third of ``trainer.hang_timeout_s`` (of the watchdog's floor when that
+    is automatic), so the job has ended well within the limit; a shorter stop (someone looking at it) is let be."""
+    return (hang_s or FLOOR_S) / 3
 
 
 def _activity(logs: NodeLogs) -> tuple[int, int]:
@@ -409,7 +446,7 @@ def _forwarded(asked: list[int]) -> int:
 def _stop_ranks(proc: subprocess.Popen, grace_s: float, signum: int = signal.SIGTERM) -> int | None:
     """``signum`` to each rank (a child of the agent), then wait up to ``grace_s`` for torchrun to exit: its
     return code, or None if it did not."""
-    for pid in _children(proc.pid):
+    for pid in children(proc.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
     try:
@@ -418,24 +455,11 @@ def _stop_ranks(proc: subprocess.Popen, grace_s: float, signum: int = signal.SIG
         return None
 
 
-def _children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (from /proc/PID/stat: "pid (comm) state ppid ...")."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else []
-        except OSError:
-            continue
-        if fields and int(fields[1]) == pid:
-            found.append(int(entry.name))
-    return found
-
-
 def _dump_stacks(proc: subprocess.Popen, logs: NodeLogs, settle_s: float = 1.0, most_s: float = 10.0) -> bool:
     """Ask each rank for its threads' Python stacks (``DUMP_SIGNAL``, diagnostics/watchdog.py) and wait until the node
     log has had them (it grew, then nothing came for ``settle_s``; at most ``most_s``); copy what came to
     ``logs.stacks``. Whether it holds a stack (a rank that did not arm the dump dies of the signal instead)."""
-    offset, ranks = _size(logs.node_log), _children(proc.pid)
+    offset, ranks = _size(logs.node_log), children(proc.pid)
     for pid in ranks:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, DUMP_SIGNAL)
@@ -488,24 +512,23 @@ def kill_launch(proc: subprocess.Popen, launch_id: str) -> None:
 
 
 def launch_pids(launch_id: str) -> list[int]:
-    """Live processes started by the launch ``launch_id`` (read from /proc/PID/environ; zombies have none)."""
-    marker = f"{LAUNCH_ID_VAR}={launch_id}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if marker in environ.split(b"\0"):
-            pids.append(int(entry.name))
-    return pids
+    """Live processes started by the launch ``launch_id`` (their environment says so; zombies have none)."""
+    return pids_with(f"{LAUNCH_ID_VAR}={launch_id}")
 
 
 def failure_error(returncode: int, logs: NodeLogs) -> LaunchError:
     """The ``LaunchError`` for a torchrun agent that exited with ``returncode``: the first failed rank from its
     report, with that rank's own log tail (or the node log's when the rank has none)."""
+    if returncode < 0:  # the agent itself was killed (SIGKILL, the OOM killer): it reported nothing
+        return LaunchError(
+            f"node {logs.node_rank}: {AGENT}: torchrun's agent was killed by {_signal_name(-returncode)}; "
+            f"killed its ranks (log: {logs.node_log})",
+            kind=AGENT,
+            node_rank=logs.node_rank,
+            exit_code=returncode,
+            log_path=logs.node_log,
+            log_tail=tail(logs.node_log),
+        )
     text = logs.node_log.read_text(errors="replace") if logs.node_log.exists() else ""
     failure = first_failure(parse_root_causes(text))
     if failure is None:
@@ -521,7 +544,8 @@ def failure_error(returncode: int, logs: NodeLogs) -> LaunchError:
         )
     rank_log, rank_tail = rank_log_tail(logs.rank_dir, failure.local_rank)
     return LaunchError(
-        f"node {logs.node_rank}: {failure.describe(error_line(rank_tail))} (log: {rank_log or logs.node_log})",
+        f"node {logs.node_rank}: {failure.describe(error_line(rank_tail) or raised_line(rank_log))} "
+        f"(log: {rank_log or logs.node_log})",
         kind="failed",
         failure=failure,
         node_rank=logs.node_rank,
@@ -529,6 +553,14 @@ def failure_error(returncode: int, logs: NodeLogs) -> LaunchError:
         log_path=rank_log or logs.node_log,
         log_tail=rank_tail or tail(logs.node_log),
     )
+
+
+def _signal_name(number: int) -> str:
+    """``SIGKILL`` for 9; a number no signal of this platform has, as such."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def rank_log_tail(rank_dir: Path, local_rank: int, lines: int = 40) -> tuple[Path | None, str]:

@@ -1,16 +1,18 @@
 """PEFT LoRA adapter directories: what ``grpo export --peft`` writes and what the registry versions for a LoRA run.
 
-Read here (and checked against a run's LoRA settings) to start a run's adapters from one, and merged into their
-base as a plain Hugging Face model for the engines that evaluate it. Written without peft, which is a
+Read here (every read checks its files: records/adapter.py; and checked against a run's LoRA settings and its base
+model's shapes) to start a run's adapters from one, and merged into their base as a plain Hugging Face model for
+the engines that evaluate it. Written without peft, which is a
 development dependency only: an adapter directory is two files, and merging is W + alpha/r B A per module.
 """
 
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from grpo_core.records.adapter import check_against_base, read_adapter_config, read_adapter_tensors, weight_shapes
 
 if TYPE_CHECKING:  # torch is imported where tensors are read: the CLI's registry lookups stay light
     import torch
@@ -54,22 +56,35 @@ class Adapter:
         suffix = ".lora_A.weight"
         return {k.removeprefix(PREFIX).removesuffix(suffix) + ".weight" for k in self.tensors if k.endswith(suffix)}
 
+    def check_base(self, base_dir: str | Path) -> None:
+        """RecordError unless every module it adapts is a weight of the model in ``base_dir`` (a Hugging Face
+        directory of safetensors) of the shape its A and B make."""
+        shapes = {name: tuple(tensor.shape) for name, tensor in self.tensors.items()}
+        check_against_base(self.path / ADAPTER_WEIGHTS, shapes, weight_shapes_of(base_dir), str(base_dir))
 
-def read_adapter(path: str | Path) -> Adapter:
-    """The adapter in ``path``; AdapterError (one line) when it is not a plain LoRA adapter in safetensors."""
-    from safetensors.torch import load_file
 
+def read_adapter(path: str | Path, base_dir: str | Path | None = None) -> Adapter:
+    """The adapter in ``path``, its config and tensors checked (records/adapter.py), and against the model in
+    ``base_dir`` when given; AdapterError or RecordError (one line) when it cannot be used."""
     path = Path(path)
     if not is_adapter_dir(path):
         raise AdapterError(f"{path}: not a PEFT adapter directory (no {ADAPTER_CONFIG})")
-    config = json.loads((path / ADAPTER_CONFIG).read_text())
-    if config.get("peft_type") != "LORA" or config.get("use_dora") or config.get("use_rslora"):
-        raise AdapterError(f"{path}: a plain LoRA adapter is needed (peft_type LORA, no DoRA or rsLoRA)")
+    config = read_adapter_config(path / ADAPTER_CONFIG)
     if not (path / ADAPTER_WEIGHTS).is_file():
         raise AdapterError(f"{path}: no {ADAPTER_WEIGHTS}")
-    tensors = load_file(str(path / ADAPTER_WEIGHTS))
-    base = str(config.get("base_model_name_or_path"))
-    return Adapter(path, int(config["r"]), float(config["lora_alpha"]), base, tensors)
+    tensors = read_adapter_tensors(path / ADAPTER_WEIGHTS, config.r)
+    adapter = Adapter(path, config.r, config.lora_alpha, str(config.base_model_name_or_path), tensors)
+    if base_dir is not None:
+        adapter.check_base(base_dir)
+    return adapter
+
+
+def weight_shapes_of(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
+    """Every weight's shape in a Hugging Face directory's safetensors files, from their (checked) headers."""
+    shapes = {}
+    for shard in sorted(Path(model_dir).glob("*.safetensors")):
+        shapes |= weight_shapes(shard)
+    return shapes
 
 
 def settings_mismatch(adapter: Adapter, rank: int, alpha: float) -> str:
@@ -95,6 +110,7 @@ def merge_adapter(base_dir: str | Path, adapter: Adapter, out_dir: str | Path) -
     shards = sorted(base_dir.glob("*.safetensors"))
     if not shards:
         raise AdapterError(f"{base_dir}: the adapter's base has no safetensors weights to merge into")
+    adapter.check_base(base_dir)  # every module it adapts, of the shape it makes: before anything is written
     partial = out_dir.with_name(f"{out_dir.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -105,9 +121,6 @@ def merge_adapter(base_dir: str | Path, adapter: Adapter, out_dir: str | Path) -
             tensors[name] = merge_into(tensors[name], *adapter.pair(name), adapter.scale)
         left -= tensors.keys()
         save_file(tensors, str(partial / shard.name), metadata={"format": "pt"})
-    if left:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise AdapterError(f"{adapter.path}: adapts {sorted(left)[0]}, which the base {base_dir} does not have")
     for other in base_dir.iterdir():  # config, generation config, tokenizer, the shards' index
         if other.is_file() and other.suffix != ".safetensors":
             shutil.copy2(other, partial / other.name)

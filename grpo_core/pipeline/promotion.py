@@ -13,6 +13,8 @@ questions, and when they are not the ones the champion was judged on, ``judge_no
 import hashlib
 from dataclasses import dataclass
 
+from grpo_core.records.tags import read_version_tags
+
 CHAMPION, CHALLENGER = "champion", "challenger"
 BASE_MODEL = "the base model"  # what a model is compared with while the registry has no champion
 TAG_PREFIX = "grpo."
@@ -35,18 +37,20 @@ class Promotion:
         return self.alias == CHAMPION
 
     @classmethod
-    def from_tags(cls, tags: dict[str, str]) -> "Promotion":
-        """What ``tags()`` wrote, read back (a re-run finds the version it registered before)."""
-        low, high = (float(x) for x in tags.get("grpo.uplift_ci95", "[0, 0]").strip("[]").split(","))
+    def from_tags(cls, tags: dict[str, str], where: str = "the version") -> "Promotion":
+        """What ``tags()`` wrote, read back (a re-run finds the version it registered before), typed by
+        records/tags.py: RecordError naming ``where`` and the tag when one does not parse."""
+        t = read_version_tags(where, tags)
+        low, high = t.uplift_ci95 or (0.0, 0.0)
         return cls(
-            tags.get("grpo.promotion", CHALLENGER),
-            tags.get("grpo.compared_with", ""),
-            float(tags.get("grpo.uplift", 0)),
+            t.promotion or CHALLENGER,
+            t.compared_with or "",
+            t.uplift or 0.0,
             low,
             high,
-            float(tags.get("grpo.uplift_p_value", 1)),
-            int(tags.get("grpo.questions", 0)),
-            tags.get("grpo.promotion_reason", ""),
+            1.0 if t.uplift_p_value is None else t.uplift_p_value,
+            t.questions or 0,
+            t.promotion_reason or "",
         )
 
     def tags(self) -> dict[str, str]:

@@ -6,11 +6,10 @@ Lineage (tracking/lineage.py): the version is made from the run's logged model (
 carries the training set's digest.
 """
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpo_core.checkpoint.manager import HF_EXPORT, STATE_FILE
+from grpo_core.checkpoint.manager import HF_EXPORT, STATE_FILE, read_trainer_state
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.evaluation.gsm8k import read_eval_set
 from grpo_core.evaluation.run import exported_model
@@ -43,7 +42,7 @@ def data_tags(checkpoint: Path, trained_eval: Path) -> dict[str, str]:
     model's included (its ``rows_seen.json`` lists them), from its checkpoint's trainer state; the evaluation set
     (``eval_set_tags``, whose question ids are the run's ``eval/trained/eval_set.json``)."""
     tags = {}
-    state = json.loads((checkpoint / STATE_FILE).read_text()) if (checkpoint / STATE_FILE).is_file() else {}
+    state = read_trainer_state(checkpoint) if (checkpoint / STATE_FILE).is_file() else {}
     if data := state.get("data"):
         tags = {"grpo.train.rows": str(data["rows"])}
         tags["grpo.train.rows_seen"] = str(len(state.get("rows_seen", [])))
@@ -84,7 +83,7 @@ def registered_version(client, name: str, run_id: str) -> tuple[str, Promotion] 
         return None
     if not found:
         return None
-    return str(found[0].version), Promotion.from_tags(found[0].tags)
+    return str(found[0].version), Promotion.from_tags(found[0].tags, f"models:/{name}/{found[0].version}")
 
 
 def register_base_model(cfg: GRPOConfig, base: dict, base_eval: Path) -> tuple[str, dict[str, str]] | None:

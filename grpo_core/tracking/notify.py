@@ -22,12 +22,16 @@ def target_problems(url: str | None, block: str | None) -> list[str]:
 
     problems = []
     if url is not None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            problems.append(
-                "tracking.notify_webhook_url: not an http:// or https:// URL with a host (the value is not shown: "
-                "a webhook URL may hold a token)"
-            )
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018  (parsed when read: a port that is no number in 0-65535 raises ValueError)
+        except ValueError:  # a malformed host ("[" unclosed, characters NFKC changes) or port; its text may be secret
+            parts = None
+        hidden = "the value is not shown: a webhook URL may hold a token"
+        if parts is None:
+            problems.append(f"tracking.notify_webhook_url: not a URL: its host or port cannot be parsed ({hidden})")
+        elif parts.scheme not in ("http", "https") or not parts.hostname:
+            problems.append(f"tracking.notify_webhook_url: not an http:// or https:// URL with a host ({hidden})")
     if block is not None and not BLOCK_NAME.match(block):
         problems.append(
             f"tracking.notify_block={block!r}: write a Prefect block as TYPE/NAME, e.g. slack-webhook/ml-alerts "

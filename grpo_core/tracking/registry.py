@@ -4,6 +4,10 @@ A URI is resolved once, before anything launches, to one version; that version's
 into a cache directory keyed by it (tracking server, name, version and source), and the run then reads that
 local directory. Every rank, retry and evaluation sees the same weights even if the alias moves meanwhile,
 and the pipeline's keys (which contain the path) change exactly when the version does.
+
+Every copy served is checked before each use (served.py): the version's files against the digest recorded at
+registration (a copy that fails is downloaded again, once, then refused), a LoRA version's merged model against
+what its merge wrote (merged again when it fails).
 """
 
 import hashlib
@@ -14,8 +18,9 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_core.data.lineage import file_sha256
 from grpo_core.models.adapter import is_adapter_dir, merge_adapter, read_adapter
+from grpo_core.records.tags import read_version_tags
+from grpo_core.tracking import served
 from grpo_core.tracking.mlflow_run import quick_http
 
 logger = logging.getLogger(__name__)
@@ -117,39 +122,63 @@ def champion_uri(client, server: str, name: str, alias: str = "champion") -> str
 
 
 def fetch_model(uri: str, tracking_uri: str, cache_dir: str | None = None) -> RegistryModel:
-    """Resolve ``uri`` to its version and return it with a local copy, downloaded unless already cached."""
+    """Resolve ``uri`` to its version and return it with a local copy, downloaded unless already cached, and checked
+    against the digest recorded at registration: a copy that does not match is downloaded again, once (one warning
+    naming the files that differed), then refused."""
     quick_http()
     from mlflow import MlflowClient
-    from mlflow.artifacts import download_artifacts
 
     client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
     found = lookup_version(client, uri, tracking_uri)
+    read_version_tags(f"{uri} (version {found.version})", found.tags)  # the tags read back are typed: one line if not
     home = version_dir(cache_root(cache_dir), tracking_uri, found.name, str(found.version), found.source)
     local = home / "model"
-    if not _model_files(local):
-        partial = home / f"download.{os.getpid()}"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        try:  # where the files are: a logged model's artifacts for a ``models:/<model id>`` source
-            where = client.get_model_version_download_uri(found.name, found.version)
-            got = Path(download_artifacts(artifact_uri=where, dst_path=str(partial), tracking_uri=tracking_uri))
-        except Exception as e:  # noqa: BLE001
-            shutil.rmtree(partial, ignore_errors=True)
-            raise RegistryUnreachable(f"{uri}: downloading {found.source}: {_describe_failure(e)}") from None
-        if not _model_files(got):
-            shutil.rmtree(partial, ignore_errors=True)
-            raise RegistryError(
-                f"{uri}: version {found.version} ({found.source}) holds no config.json (a model) nor "
-                "adapter_config.json (a LoRA adapter)"
-            )
-        try:
-            got.rename(local)  # atomic: a concurrent download of the same version loses the race harmlessly
-        except OSError:
-            if not _model_files(local):
-                raise
-        shutil.rmtree(partial, ignore_errors=True)
-    check_provenance(uri, found, local)
+    first = None  # the files of a copy that did not match
+    for _ in range(2):
+        if not _model_files(local):
+            _download(client, uri, found, tracking_uri, local)
+        if (unlike := check_provenance(uri, found, local)) is None:
+            break
+        first = unlike if first is None else first
+        served.discard(local)
+    else:
+        raise RegistryError(
+            f"{uri}: the files of version {found.version} ({found.source}) are not those it was registered with "
+            f"({MODEL_DIGEST_TAG} {found.tags[MODEL_DIGEST_TAG][:16]}…, these {served.digest_of(unlike)[:16]}…), "
+            "and a fresh download is not either: changed in the artifact store; refused"
+        )
+    if first is not None:
+        logger.warning("warning: %s: the local copy %s was not the files version %s was registered with (%s); "
+                       "downloaded it again", uri, local, found.version,
+                       served.changed_files(first, served.file_digests(local)))  # fmt: skip
     return RegistryModel(uri, found.name, str(found.version), found.source, found.run_id, local, dict(found.tags or {}))
+
+
+def _download(client, uri: str, found, tracking_uri: str, local: Path) -> None:
+    """The version's files into ``local``, renamed into place once they are all there."""
+    from mlflow.artifacts import download_artifacts
+
+    partial = local.with_name(f"download.{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:  # where the files are: a logged model's artifacts for a ``models:/<model id>`` source
+        where = client.get_model_version_download_uri(found.name, found.version)
+        got = Path(download_artifacts(artifact_uri=where, dst_path=str(partial), tracking_uri=tracking_uri))
+    except Exception as e:  # noqa: BLE001
+        shutil.rmtree(partial, ignore_errors=True)
+        raise RegistryUnreachable(f"{uri}: downloading {found.source}: {_describe_failure(e)}") from None
+    if not _model_files(got):
+        shutil.rmtree(partial, ignore_errors=True)
+        raise RegistryError(
+            f"{uri}: version {found.version} ({found.source}) holds no config.json (a model) nor "
+            "adapter_config.json (a LoRA adapter)"
+        )
+    try:
+        got.rename(local)  # atomic: a concurrent download of the same version loses the race harmlessly
+    except OSError:
+        if not _model_files(local):
+            raise
+    shutil.rmtree(partial, ignore_errors=True)
 
 
 def _model_files(directory: Path) -> bool:
@@ -177,15 +206,27 @@ def adapter_base(model: RegistryModel, tracking_uri: str, cache_dir: str | None 
 
 def full_model(model: RegistryModel, tracking_uri: str, cache_dir: str | None = None) -> Path:
     """A directory every engine loads: the version's own files, or for an adapter, its base with it merged in
-    (written once, beside the local copy)."""
+    (written once, beside the local copy, with a record of what the merge wrote and from what: checked before each
+    use, merged again, with one warning, when it does not match)."""
     if not model.is_adapter:
         return model.path
     merged = model.path.parent / "merged"
-    if not (merged / "config.json").is_file():
-        from grpo_core.models.shape import model_weights_dir
+    inputs = {"adapter": model.tags.get(MODEL_DIGEST_TAG) or files_digest(model.path),
+              "base": str(model.tags.get(ADAPTER_BASE_TAG))}  # fmt: skip
+    if (problem := served.merged_problem(merged, inputs)) is None:
+        return merged
+    if merged.exists():
+        logger.warning("warning: %s: its merged model is not what the merge wrote: %s; merging it again from the "
+                       "checked adapter and base", model.uri, problem)  # fmt: skip
+    from grpo_core.models.shape import model_weights_dir
 
-        _, base = adapter_base(model, tracking_uri, cache_dir)
-        merge_adapter(model_weights_dir(base), read_adapter(model.path), merged)
+    adapter = fetch_model(model.canonical, tracking_uri, cache_dir)  # checked again now, as the base is
+    _, base = adapter_base(adapter, tracking_uri, cache_dir)
+    build = merged.with_name(f"merged.build-{os.getpid()}")
+    shutil.rmtree(build, ignore_errors=True)
+    merge_adapter(model_weights_dir(base), read_adapter(adapter.path), build)
+    served.seal_merged(build, inputs)
+    served.publish(build, merged, inputs)
     return merged
 
 
@@ -197,9 +238,7 @@ def files_digest(directory: Path) -> str:
     """SHA-256 over every file under ``directory`` (its relative path, size and SHA-256). Unlike a checkpoint's
     manifest (xxh3, beside the files), this is recorded on the tracking server, out of reach of whoever can
     write the artifact store or the local cache, and it is a cryptographic hash."""
-    files = sorted(p for p in directory.rglob("*") if p.is_file())
-    lines = [f"{p.relative_to(directory)}\0{p.stat().st_size}\0{file_sha256(p)}\n" for p in files]
-    return hashlib.sha256("".join(lines).encode()).hexdigest()
+    return served.digest_of(served.file_digests(directory))
 
 
 def provenance_tags(model_dir: Path, checkpoint: Path | None) -> dict[str, str]:
@@ -210,17 +249,13 @@ def provenance_tags(model_dir: Path, checkpoint: Path | None) -> dict[str, str]:
     return tags
 
 
-def check_provenance(uri: str, version, local: Path) -> None:
-    """RegistryError when the local copy of ``version`` is not the files it was registered with; a version
-    registered before digests were recorded is not checked (a warning says so)."""
+def check_provenance(uri: str, version, local: Path) -> dict[str, str] | None:
+    """None when the local copy of ``version`` is the files it was registered with, else those it holds
+    (``served.file_digests``); a version registered before digests were recorded is not checked (a warning says so)."""
     recorded = (version.tags or {}).get(MODEL_DIGEST_TAG)
     if recorded is None:
         logger.warning("warning: %s: version %s records no %s; its files are not checked", uri, version.version,
                        MODEL_DIGEST_TAG)  # fmt: skip
-        return
-    if (found := files_digest(local)) != recorded:
-        raise RegistryError(
-            f"{uri}: the files of version {version.version} ({local}) are not those it was registered with "
-            f"({MODEL_DIGEST_TAG} {recorded[:16]}…, these {found[:16]}…): changed in the artifact store or the "
-            "cache; refused. Delete the local copy to download it again"
-        )
+        return None
+    found = served.file_digests(local)
+    return None if served.digest_of(found) == recorded else found
