@@ -341,7 +341,7 @@ def test_a_tracking_server_down_at_the_start_loses_nothing_once_synced(tmp_path,
         run = grpo("pipeline", "--config", str(REPO / "configs/demo_cpu.yaml"), *overrides, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     # the rank (its own children, e.g. torch.compile's C++ compiler, inherit its environment: same user, same secrets)
-    ranks = [(e, cmdline) for e, cmdline in started.values() if b"LOCAL_RANK" in e and b"trainer.main_ppo" in cmdline]
+    ranks = [(e, cmdline) for e, cmdline in started.values() if b"LOCAL_RANK" in e and b"grpo_core.main_ppo" in cmdline]
     assert ranks, started
     assert all(b"+trainer.env.MY_PAT=${oc.env:MY_PAT}" in cmdline for _, cmdline in ranks)  # the name, a reference
     assert all(environ[k.encode()] == v.encode() for environ, _ in ranks for k, v in PLANTED.items())
