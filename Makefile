@@ -45,7 +45,7 @@ lint: setup
 
 # The demo's model too: tests/test_pipeline.py runs the demo itself where the CPU has bf16 (its claim, in CI).
 test: lint $(DEMO_MODEL)/model.safetensors
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25  # the slowest tests, to keep CI inside its time
 
 clean:
 	rm -rf $(VENV) data/gsm8k $(DEMO_MODEL) .cache/wheels checkpoints/demo checkpoints/demo_learn mlflow.db mlruns

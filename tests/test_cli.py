@@ -136,6 +136,21 @@ def test_version_answers_without_the_heavy_imports(tmp_path):
     assert re.fullmatch(r"\d+\.\d+\.\d+\S*", package_version())  # installed (pip install -e .): pyproject's
 
 
+def test_the_former_entry_point_path_hands_over_to_the_new_one(tmp_path):
+    """`python -m grpo_core.trainer.main_ppo` (the path before the entry point moved above the trainer) still runs
+    `grpo train`: here its help, through the process hand-over."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "grpo_core.trainer.main_ppo", "--help"]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("usage: grpo train"), result
+
+
 def test_compare_outside_the_repo_says_so_and_creates_no_store(tmp_path):
     """Issue 44: `grpo compare` where there is no mlflow.db left an empty one behind; a read-only command writes
     nothing, and says where it looked."""
